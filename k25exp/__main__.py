@@ -1,0 +1,3 @@
+from k25exp.cli import main
+
+main()

@@ -1,0 +1,117 @@
+"""Starts the collective worker under torchrun, one process per rank, and waits for it.
+
+The Hydra process never joins a process group: it writes a spec, runs torchrun as a child
+process group (an argument list, never a shell string) and reads what the ranks wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from k25exp.collectives.spec import CollectiveSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Topology:
+    """The part of the hardware config torchrun needs."""
+
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    rdzv_id: str = "k25exp"
+    env: dict | None = None
+
+
+@dataclass
+class LaunchOutcome:
+    returncode: int
+    seconds: float
+    log_tail: list[str]
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def torchrun_argv(topo: Topology, spec_path: Path, out_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run",
+            f"--nproc-per-node={topo.nproc_per_node}", "--max-restarts=0"]
+    if topo.nnodes == 1 and not topo.rdzv_endpoint:
+        argv.append("--standalone")  # picks a free port itself: parallel jobs don't clash
+    else:
+        if not topo.rdzv_endpoint:
+            raise ValueError("hardware.rdzv_endpoint is required when hardware.nnodes > 1")
+        argv += [f"--nnodes={topo.nnodes}", f"--rdzv-backend={topo.rdzv_backend}",
+                 f"--rdzv-endpoint={topo.rdzv_endpoint}", f"--rdzv-id={topo.rdzv_id}"]
+    argv += ["-m", "k25exp.collectives.worker", str(spec_path), str(out_dir)]
+    return argv
+
+
+def launch(spec: CollectiveSpec, topo: Topology, out_dir: Path, timeout_s: float) -> LaunchOutcome:
+    """Run the spec under torchrun; stream its output to the log and to out_dir/torchrun.log."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / "spec.json"
+    spec.dump(spec_path)
+    argv = torchrun_argv(topo, spec_path, out_dir)
+    env = {**os.environ, **(topo.env or {}), "PYTHONUNBUFFERED": "1"}
+    log.info("launching: %s", " ".join(argv))
+    tail: deque[str] = deque(maxlen=40)
+    t0 = time.perf_counter()
+    timed_out = False
+    with open(out_dir / "torchrun.log", "w") as logf:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        # A thread drains the pipe so the wait below can time out on a silent hang.
+        reader = threading.Thread(target=_pump, args=(proc, logf, tail), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            log.error("torchrun exceeded %.0f s; killing its process group", timeout_s)
+            _kill_group(proc)
+        except BaseException:  # Ctrl-C or an error here: never leave ranks behind
+            _kill_group(proc)
+            raise
+        finally:
+            reader.join(timeout=10)
+    rc = proc.returncode if proc.returncode is not None else -9
+    return LaunchOutcome(returncode=rc, seconds=time.perf_counter() - t0,
+                         log_tail=list(tail), timed_out=timed_out)
+
+
+def _pump(proc: subprocess.Popen, logf, tail: deque) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        logf.write(line)
+        logf.flush()
+        tail.append(line.rstrip())
+        if line.startswith("[k25exp]"):
+            log.info(line.strip()[9:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue

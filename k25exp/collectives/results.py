@@ -1,0 +1,133 @@
+"""Reads what the ranks wrote and turns it into per-point results and bandwidths.
+
+Definitions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+algbw = S / t with S the per-rank buffer (for All-to-All the whole send buffer);
+busbw = algbw × 2(n−1)/n for AllReduce and × (n−1)/n for All-to-All. GB/s = 1e9 B/s.
+Across ranks, each sample is the slowest rank's (every sample starts at a barrier, so the
+collective is done only when the last rank is).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from k25exp.stats import mean, median, percentile
+
+
+def bus_factor(op: str, world: int) -> float:
+    if op == "all_reduce":
+        return 2 * (world - 1) / world
+    if op == "all_to_all":
+        return (world - 1) / world
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def bandwidths(nbytes: int, seconds: float, op: str, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s for one op moving `nbytes` per rank in `seconds`."""
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * bus_factor(op, world)
+
+
+@dataclass
+class PointResult:
+    index: int
+    label: int
+    nbytes: int
+    numel: int
+    burst: int
+    queued_s: list[float]
+    blocking_s: list[float] = field(default_factory=list)
+    graph_s: Optional[list[float]] = None
+    wrong: int = 0  # summed over ranks
+    wrong_detail: list[dict] = field(default_factory=list)
+
+    @property
+    def queued_op_us(self) -> float:
+        """nccl-tests' time: a burst of back-to-back ops divided by its length (median burst)."""
+        return median(self.queued_s) / self.burst * 1e6
+
+    @property
+    def burst_ms(self) -> float:
+        return median(self.queued_s) * 1e3
+
+    def blocking_us(self, q: float) -> float:
+        return percentile(self.blocking_s, q) * 1e6
+
+    @property
+    def blocking_us_mean(self) -> float:
+        return mean(self.blocking_s) * 1e6
+
+    @property
+    def graph_burst_ms(self) -> Optional[float]:
+        return median(self.graph_s) * 1e3 if self.graph_s else None
+
+
+@dataclass
+class RankFiles:
+    world_size: int
+    env: list[dict]
+    points: list[PointResult]  # complete points only (every rank wrote them)
+    faults: list[dict]
+    incomplete_points: int
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a rank killed mid-write leaves a torn last line
+    return out
+
+
+def _elementwise_max(lists: Sequence[Sequence[float]]) -> list[float]:
+    return [max(xs) for xs in zip(*lists)]
+
+
+def read_rank_files(raw_dir: Path) -> RankFiles:
+    recs = [r for p in sorted(raw_dir.glob("rank*.jsonl")) for r in _read_jsonl(p)]
+    env = sorted((r for r in recs if r["kind"] == "env"), key=lambda r: r["rank"])
+    world = env[0]["world_size"] if env else 0
+    by_point: dict[int, list[dict]] = {}
+    for r in recs:
+        if r["kind"] == "point":
+            by_point.setdefault(r["point"], []).append(r)
+    points, incomplete = [], 0
+    for i in sorted(by_point):
+        rs = sorted(by_point[i], key=lambda r: r["rank"])
+        if len(rs) < world:
+            incomplete += 1
+            continue
+        first = rs[0]
+        points.append(PointResult(
+            index=i, label=first["label"], nbytes=first["bytes"], numel=first["numel"],
+            burst=first["burst"],
+            queued_s=_elementwise_max([r["queued_s"] for r in rs]),
+            blocking_s=_elementwise_max([r.get("blocking_s", []) for r in rs]),
+            graph_s=_elementwise_max([r["graph_s"] for r in rs]) if "graph_s" in first else None,
+            wrong=sum(r.get("wrong", 0) for r in rs),
+            wrong_detail=[{k: r[k] for k in ("rank", "wrong", "first_wrong_index", "got", "expected")
+                           if k in r} for r in rs if r.get("wrong")],
+        ))
+    faults = [r for r in recs if r["kind"] == "fault"]
+    return RankFiles(world, env, points, faults, incomplete)
+
+
+def find_knee(labels: Sequence[int], latencies: Sequence[float], factor: float,
+              baseline_points: int) -> Optional[int]:
+    """Smallest label whose latency exceeds factor × the flat small-size baseline.
+
+    The baseline is the median latency of the first `baseline_points` points; a knee inside
+    the baseline window itself is not reported (there is no flat regime to jump from).
+    """
+    if len(latencies) <= baseline_points or baseline_points < 1:
+        return None
+    base = median(latencies[:baseline_points])
+    for label, lat in zip(labels[baseline_points:], latencies[baseline_points:]):
+        if lat > factor * base:
+            return label
+    return None

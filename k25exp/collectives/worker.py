@@ -1,0 +1,238 @@
+"""The torchrun worker: one process per rank, measuring one collective over a list of points.
+
+    torchrun --nproc-per-node=N -m k25exp.collectives.worker SPEC.json OUT_DIR
+
+Imports torch alone. Each rank appends JSON lines to OUT_DIR/rank<R>.jsonl and flushes
+after every point, so a run that dies half-way keeps every finished point.
+
+Timing (host clock, time.perf_counter_ns, on every rank; the reader takes the slowest rank):
+- queued: a barrier, then `burst` ops issued back to back (gloo: async work handles waited
+  at the end; NCCL: stream-ordered launches, one device sync at the end). Divided by the
+  burst length this is nccl-tests' per-op time.
+- blocking: a barrier, then one op, waited for and synchronised; per-op latency.
+- graph (CUDA): the burst captured once in a CUDA graph; one replay timed like a burst.
+Correctness is checked outside the timed loops, as nccl-tests does with -c: fresh inputs
+whose reduction is exact in every supported dtype, one op, compare on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from k25exp.collectives.spec import CollectiveSpec, Point
+
+
+class Collective:
+    """Buffers and the op for one point; `run(async_op)` issues the op once."""
+
+    def __init__(self, op: str, numel: int, dtype: torch.dtype, device: torch.device, world: int):
+        self.op, self.world = op, world
+        self.send = torch.zeros(numel, dtype=dtype, device=device)
+        self.recv = torch.zeros(numel, dtype=dtype, device=device) if op == "all_to_all" else None
+
+    def run(self, async_op: bool = False):
+        if self.op == "all_reduce":
+            return dist.all_reduce(self.send, async_op=async_op)
+        return dist.all_to_all_single(self.recv, self.send, async_op=async_op)
+
+    # Inputs are small integers, so every partial sum is exact in bf16/fp16/int8 and the
+    # check can demand equality: an allreduce sums at most 8 × 10 × 3 = 240 < 256.
+    def fill(self, rank: int) -> None:
+        n = self.send.numel()
+        idx = torch.arange(n, device=self.send.device)
+        if self.op == "all_reduce":
+            pattern = (idx % 3 + 1) * (rank % 4 + 1)
+        else:
+            chunk = n // self.world
+            dest = idx // chunk
+            pattern = (rank * self.world + dest) % 100 + 1
+        self.send.copy_(pattern.to(self.send.dtype))
+
+    def expected(self, rank: int) -> torch.Tensor:
+        n = self.send.numel()
+        idx = torch.arange(n, device=self.send.device)
+        if self.op == "all_reduce":
+            factor = sum(r % 4 + 1 for r in range(self.world))
+            return ((idx % 3 + 1) * factor).to(self.send.dtype)
+        chunk = n // self.world
+        src = idx // chunk
+        return ((src * self.world + rank) % 100 + 1).to(self.send.dtype)
+
+    def result(self) -> torch.Tensor:
+        return self.send if self.op == "all_reduce" else self.recv
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _barrier(device: torch.device) -> None:
+    dist.barrier()
+    _sync(device)
+
+
+def time_queued(c: Collective, burst: int, device: torch.device) -> float:
+    _barrier(device)
+    t0 = time.perf_counter_ns()
+    if device.type == "cuda":
+        for _ in range(burst):
+            c.run()  # enqueued on the current stream; the host does not wait
+    else:
+        works = [c.run(async_op=True) for _ in range(burst)]
+        for w in works:
+            w.wait()
+    _sync(device)
+    return (time.perf_counter_ns() - t0) / 1e9
+
+
+def time_blocking(c: Collective, device: torch.device) -> float:
+    _barrier(device)
+    t0 = time.perf_counter_ns()
+    c.run()
+    _sync(device)
+    return (time.perf_counter_ns() - t0) / 1e9
+
+
+def capture_graph(c: Collective, burst: int, device: torch.device) -> "torch.cuda.CUDAGraph":
+    # Warm up on a side stream before capture, as torch.cuda.graphs requires.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            c.run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    _sync(device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(burst):
+            c.run()
+    _sync(device)
+    return g
+
+
+def time_graph(g, device: torch.device) -> float:
+    _barrier(device)
+    t0 = time.perf_counter_ns()
+    g.replay()
+    _sync(device)
+    return (time.perf_counter_ns() - t0) / 1e9
+
+
+def check(c: Collective, rank: int, device: torch.device) -> dict:
+    c.fill(rank)
+    if c.recv is not None:
+        c.recv.zero_()
+    c.run()
+    _sync(device)
+    got, want = c.result(), c.expected(rank)
+    bad = (got != want).nonzero()
+    out = {"wrong": int(bad.numel())}
+    if bad.numel():
+        i = int(bad[0])
+        out.update(first_wrong_index=i, got=float(got[i]), expected=float(want[i]))
+    return out
+
+
+def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device: torch.device) -> dict:
+    dtype = getattr(torch, spec.dtype)
+    c = Collective(spec.op, p.numel, dtype, device, world)
+    rec: dict = {"kind": "point", "rank": rank, "label": p.label, "numel": p.numel,
+                 "bytes": p.numel * c.send.element_size(), "burst": p.burst}
+    if spec.check:
+        rec.update(check(c, rank, device))
+        total_wrong = torch.tensor([rec["wrong"]], dtype=torch.int64, device=device)
+        dist.all_reduce(total_wrong)
+        rec["wrong_all_ranks"] = int(total_wrong.item())
+    for _ in range(spec.warmup):
+        time_queued(c, p.burst, device)
+    rec["queued_s"] = [time_queued(c, p.burst, device) for _ in range(p.reps)]
+    if spec.blocking:
+        rec["blocking_s"] = [time_blocking(c, device) for _ in range(p.blocking_iters)]
+    if spec.graph and device.type == "cuda":
+        g = capture_graph(c, p.burst, device)
+        for _ in range(max(1, spec.warmup)):
+            time_graph(g, device)
+        rec["graph_s"] = [time_graph(g, device) for _ in range(p.reps)]
+        del g
+    return rec
+
+
+def env_record(rank: int, world: int, device: torch.device, backend: str) -> dict:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    else:
+        name = _cpu_name()
+        nccl = None
+    return {"kind": "env", "rank": rank, "world_size": world, "backend": backend,
+            "host": socket.gethostname(), "device": str(device), "device_name": name,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+            "threads": torch.get_num_threads()}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: torchrun ... -m k25exp.collectives.worker SPEC.json OUT_DIR", file=sys.stderr)
+        return 2
+    spec = CollectiveSpec.load(Path(argv[0]))
+    out_dir = Path(argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if spec.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f"rank{rank}.jsonl", "a") as f:
+        def write(rec: dict) -> None:
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+
+        write(env_record(rank, world, device, spec.backend))
+        for i, p in enumerate(spec.points):
+            if spec.fault_kill_rank == rank and spec.fault_at_point == i:
+                write({"kind": "fault", "rank": rank, "point": i})
+                os._exit(17)  # a rank dying without cleanup, as a crash would
+            rec = measure_point(spec, p, rank, world, device)
+            rec["point"] = i
+            write(rec)
+            if rank == 0:
+                print(f"[k25exp] {spec.op} point {i + 1}/{len(spec.points)}: "
+                      f"label={p.label} bytes={rec['bytes']}", flush=True)
+            if rec.get("wrong_all_ranks"):
+                write({"kind": "error", "rank": rank, "point": i, "message": "wrong result"})
+                dist.destroy_process_group()
+                return 3
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Registers the schemas in Hydra's ConfigStore and the resolvers the YAML files use."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from k25exp.config.schema import (
+    EXPERIMENT_SCHEMAS,
+    HardwareConfig,
+    K25Config,
+    ModelConfig,
+    TrackingConfig,
+)
+from k25exp.dtypes import dtype_bytes
+
+
+def project_root() -> Path:
+    """The folder holding conf/ (a source checkout), or $K25EXP_ROOT when set."""
+    env = os.environ.get("K25EXP_ROOT")
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parents[2]
+
+
+def _mul(*xs) -> int | float:
+    return math.prod(xs)
+
+
+def register_resolvers() -> None:
+    # Derived numbers are interpolations (`${k25.mul:2,${model.num_hidden_layers}}`), so
+    # changing the model changes every size computed from it.
+    for name, fn in {
+        "k25.mul": _mul,
+        "k25.dtype_bytes": dtype_bytes,
+        "k25.project_root": lambda: str(project_root()),
+    }.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+def register_configs() -> None:
+    register_resolvers()
+    cs = ConfigStore.instance()
+    cs.store(name="k25_schema", node=K25Config)
+    cs.store(group="model", name="schema", node=ModelConfig)
+    cs.store(group="hardware", name="schema", node=HardwareConfig)
+    cs.store(group="tracking", name="schema", node=TrackingConfig)
+    for name, node in EXPERIMENT_SCHEMAS.items():
+        cs.store(group="schema/experiment", name=name, node=node)

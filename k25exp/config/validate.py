@@ -1,0 +1,156 @@
+"""Checks that need more than one field, run before anything is measured.
+
+Hydra already rejects unknown keys, wrong types and unknown group options at compose time;
+this module catches values that are well-typed but impossible (TP not dividing the world,
+a dtype the backend cannot reduce, NCCL without GPUs). Every problem is reported at once,
+each naming its key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from k25exp.config.schema import (
+    EXPERIMENT_SCHEMAS,
+    AllReduceSweepConfig,
+    AllToAllConfig,
+    CollectiveExperiment,
+    K25Config,
+    NcclBurstConfig,
+)
+from k25exp.dtypes import BACKEND_DTYPES, dtype_bytes
+
+
+class ConfigError(ValueError):
+    """A config that composes but cannot be run. The message names every bad key."""
+
+
+def _positive(obj: object, prefix: str, names: list[str], problems: list[str]) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if v is None or v <= 0:
+            problems.append(f"{prefix}.{n}={v}: expected a positive number")
+
+
+def _non_negative(obj: object, prefix: str, names: list[str], problems: list[str]) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if v < 0:
+            problems.append(f"{prefix}.{n}={v}: expected >= 0")
+
+
+def local_gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # no torch or a broken driver: no usable GPUs
+        return 0
+
+
+def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) -> None:
+    hw = c.hardware
+    _positive(hw, "hardware", ["nproc_per_node", "nnodes", "world_size", "tp", "link_gbps",
+                               "mem_bandwidth_gbps", "peak_bf16_tflops"], p)
+    if hw.device not in ("cpu", "cuda"):
+        p.append(f"hardware.device={hw.device!r}: expected 'cpu' or 'cuda'")
+    if hw.backend not in BACKEND_DTYPES:
+        p.append(f"hardware.backend={hw.backend!r}: expected one of {sorted(BACKEND_DTYPES)}")
+    if hw.backend == "nccl" and hw.device != "cuda":
+        p.append(f"hardware.backend='nccl' needs hardware.device='cuda', got {hw.device!r}")
+    if hw.tp > 0 and hw.world_size > 0 and hw.world_size % hw.tp:
+        p.append(f"hardware.tp={hw.tp} must divide hardware.world_size={hw.world_size} "
+                 f"(nnodes {hw.nnodes} × nproc_per_node {hw.nproc_per_node})")
+    if not 0 <= hw.node_rank < max(hw.nnodes, 1):
+        p.append(f"hardware.node_rank={hw.node_rank}: expected 0 ≤ node_rank < nnodes={hw.nnodes}")
+    if hw.nnodes > 1 and not hw.rdzv_endpoint:
+        p.append(f"hardware.rdzv_endpoint is required when hardware.nnodes={hw.nnodes} > 1 "
+                 "(host:port of the rendezvous, e.g. node0:29500)")
+    if hw.backend == "nccl" and hw.device == "cuda" and hw.nproc_per_node > 0:
+        have = gpu_count()
+        if have < hw.nproc_per_node:
+            p.append(f"hardware.backend='nccl' with hardware.nproc_per_node={hw.nproc_per_node} "
+                     f"needs {hw.nproc_per_node} GPUs on this node, found {have}")
+
+
+def _check_collective(c: K25Config, p: list[str]) -> None:
+    exp: CollectiveExperiment = c.experiment
+    hw = c.hardware
+    _positive(exp, "experiment", ["iters", "timeout_s"], p)
+    _non_negative(exp, "experiment", ["warmup"], p)
+    if exp.limit_points is not None and exp.limit_points <= 0:
+        p.append(f"experiment.limit_points={exp.limit_points}: expected a positive number or null")
+    try:
+        dtype_bytes(exp.dtype)
+    except ValueError as e:
+        p.append(f"experiment.dtype: {e}")
+    else:
+        allowed = BACKEND_DTYPES.get(hw.backend, set())
+        if exp.dtype not in allowed:
+            p.append(f"experiment.dtype={exp.dtype!r} cannot be reduced by backend "
+                     f"{hw.backend!r}; expected one of {sorted(allowed)}")
+    k = exp.fault.kill_rank
+    if k is not None and not 0 <= k < hw.world_size:
+        p.append(f"experiment.fault.kill_rank={k}: expected a rank in [0, {hw.world_size})")
+
+    if isinstance(exp, NcclBurstConfig):
+        _positive(exp, "experiment", ["tokens", "message_bytes", "ops_per_step"], p)
+        if exp.reference_tpot_ms is not None and exp.reference_tpot_ms <= 0:
+            p.append(f"experiment.reference_tpot_ms={exp.reference_tpot_ms}: expected > 0 or null")
+    elif isinstance(exp, AllReduceSweepConfig):
+        _positive(exp, "experiment", ["min_bytes", "max_bytes", "repeats"], p)
+        if exp.factor < 2:
+            p.append(f"experiment.factor={exp.factor}: expected an integer >= 2")
+        if exp.min_bytes > exp.max_bytes:
+            p.append(f"experiment.min_bytes={exp.min_bytes} > experiment.max_bytes={exp.max_bytes}")
+    elif isinstance(exp, AllToAllConfig):
+        _positive(exp, "experiment", ["top_k", "hidden_size", "repeats", "knee_factor",
+                                      "knee_baseline_points"], p)
+        if not exp.tokens_per_gpu:
+            p.append("experiment.tokens_per_gpu=[]: expected at least one value")
+        for t in exp.tokens_per_gpu:
+            if t <= 0:
+                p.append(f"experiment.tokens_per_gpu contains {t}: expected positive values")
+            elif hw.world_size > 0 and (t * exp.top_k * exp.hidden_size) % hw.world_size:
+                p.append(f"experiment.tokens_per_gpu={t}: the send buffer of {t} × top_k "
+                         f"{exp.top_k} × hidden {exp.hidden_size} elements does not split evenly "
+                         f"over world_size {hw.world_size}")
+
+
+def _check_model(c: K25Config, p: list[str]) -> None:
+    m = c.model
+    _positive(m, "model", ["hidden_size", "num_hidden_layers", "n_routed_experts",
+                           "num_experts_per_tok", "moe_intermediate_size", "intermediate_size",
+                           "num_attention_heads", "vocab_size", "dtype_bytes"], p)
+    if m.num_experts_per_tok > m.n_routed_experts:
+        p.append(f"model.num_experts_per_tok={m.num_experts_per_tok} exceeds "
+                 f"model.n_routed_experts={m.n_routed_experts}")
+    if not 0 <= m.first_k_dense_replace <= m.num_hidden_layers:
+        p.append(f"model.first_k_dense_replace={m.first_k_dense_replace}: expected 0..num_hidden_layers")
+
+
+def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> None:
+    problems: list[str] = []
+    _check_model(c, problems)
+    _check_hardware(c, problems, gpu_count or local_gpu_count)
+    if isinstance(c.experiment, CollectiveExperiment):
+        _check_collective(c, problems)
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def to_typed(cfg: DictConfig, gpu_count: Optional[Callable[[], int]] = None) -> K25Config:
+    """The composed DictConfig as typed dataclasses, validated. Raises ConfigError."""
+    if cfg.get("experiment") is None:
+        raise ConfigError("no experiment selected: add experiment=NAME, one of "
+                          f"{sorted(EXPERIMENT_SCHEMAS)}")
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:  # missing values, failed interpolations, bad types
+        raise ConfigError(f"invalid config: {e}") from None
+    assert isinstance(typed, K25Config)
+    validate(typed, gpu_count)
+    return typed

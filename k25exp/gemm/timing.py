@@ -1,0 +1,151 @@
+"""Per-call timing of a GEMM function, with the method written down next to the numbers.
+
+Every sample is one call timed on its own (never n calls divided by n), so the spread is
+visible; ``Timing.method`` says which clock, how many warm-ups, whether L2 was flushed and
+whether launches were replayed from a CUDA graph. Those choices answer different questions
+(cold-cache kernel time vs back-to-back throughput), so they travel with the figures.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+# triton.testing.do_bench flushes 256 MB too: several times the H200's 60 MB L2, so
+# no weight bytes survive from one call to the next.
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+MethodValue = str | int | float | bool
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between the closest ranks:
+    sorted values v, position p = (len - 1) * q / 100, result v[floor p] + (v[ceil p] -
+    v[floor p]) * frac(p). Same as numpy.percentile's default ("linear") method."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be within [0, 100], got {q}")
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+@dataclass
+class Timing:
+    samples_us: list[float]
+    method: dict[str, MethodValue] = field(default_factory=dict)
+
+    @property
+    def median_us(self) -> float:
+        return percentile(self.samples_us, 50)
+
+    @property
+    def p90_us(self) -> float:
+        return percentile(self.samples_us, 90)
+
+    @property
+    def min_us(self) -> float:
+        return min(self.samples_us)
+
+    @property
+    def mean_us(self) -> float:
+        return sum(self.samples_us) / len(self.samples_us)
+
+
+def _check_counts(warmup: int, iters: int) -> None:
+    if warmup < 0 or iters < 1:
+        raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup} iters={iters}")
+
+
+def time_cpu(fn: Callable[[Tensor], Tensor], x: Tensor, warmup: int, iters: int) -> Timing:
+    """Wall-clock time of each call (time.perf_counter_ns). CPU ops are synchronous, so the
+    call's return is the work's end. Caches are not flushed: report it as warm-cache time."""
+    _check_counts(warmup, iters)
+    for _ in range(warmup):
+        fn(x)
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn(x)
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return Timing(samples, {
+        "timer": "perf_counter_ns", "device": "cpu", "threads": torch.get_num_threads(),
+        "warmup": warmup, "iters": iters, "mode": "eager", "flush_l2": False,
+    })
+
+
+def time_cuda(
+    fn: Callable[[Tensor], Tensor], x: Tensor, warmup: int, iters: int,
+    flush_l2: bool = True, graph: bool = False,
+) -> Timing:
+    """GPU time of each call between two CUDA events on the current stream.
+
+    flush_l2: zero a 256 MiB buffer before each timed call, outside its events, so the
+    weights come from HBM as they do in a model where other layers run in between.
+    graph: capture ``fn(x)`` once in a CUDA graph and time ``replay()``, which takes the
+    host's launch cost out; eager timing includes a launch gap only where the host falls
+    behind the GPU (the flush before each call usually gives the host that head start).
+    """
+    _check_counts(warmup, iters)
+    device = x.device
+    if device.type != "cuda":
+        raise ValueError(f"time_cuda needs a CUDA tensor, got one on {device}")
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if flush_l2 else None
+
+    if graph:
+        # Warm up on a side stream before capture, as the CUDA-graph docs require (lazy
+        # init, cuBLAS workspaces and autotuning must not happen inside the capture).
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 3)):
+                fn(x)
+        torch.cuda.current_stream(device).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(x)  # the output stays in the graph's pool, reused by every replay
+        call = g.replay
+    else:
+        def call() -> None:
+            fn(x)
+
+    for _ in range(warmup):
+        call()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    torch.cuda.synchronize(device)
+    for i in range(iters):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        call()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]  # ms -> us
+    return Timing(samples, {
+        "timer": "cuda_event", "device": torch.cuda.get_device_name(device),
+        "warmup": warmup, "iters": iters, "mode": "graph" if graph else "eager",
+        "flush_l2": flush_l2, "flush_bytes": L2_FLUSH_BYTES if flush_l2 else 0,
+    })
+
+
+def time_fn(fn: Callable[[Tensor], Tensor], x: Tensor, device: torch.device | str | None = None,
+            **kw) -> Timing:
+    """Dispatch on the device (default: x's): ``time_cuda`` or ``time_cpu``. On the CPU
+    ``flush_l2`` is ignored (method says flush_l2=False) and ``graph=True`` is an error."""
+    dev = torch.device(device) if device is not None else x.device
+    if dev.type == "cuda":
+        return time_cuda(fn, x, **kw)
+    if dev.type == "cpu":
+        kw.pop("flush_l2", None)
+        if kw.pop("graph", False):
+            raise ValueError("CUDA-graph timing needs a CUDA device")
+        return time_cpu(fn, x, **kw)
+    raise ValueError(f"no timer for device type {dev.type!r}")

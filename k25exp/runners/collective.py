@@ -1,0 +1,99 @@
+"""What the three collective runners share: launching the worker and reading its results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from k25exp.collectives.launch import LaunchOutcome, Topology, launch
+from k25exp.collectives.results import RankFiles, read_rank_files
+from k25exp.collectives.spec import CollectiveSpec, Point
+from k25exp.config.schema import CollectiveExperiment, K25Config
+from k25exp.tracking.recorder import Recorder
+
+
+class CollectiveFailed(RuntimeError):
+    """The collective run failed; whatever finished was logged before this was raised."""
+
+
+def timing_tags(spec: CollectiveSpec) -> dict[str, str]:
+    graph = "CUDA graph of the burst, replayed; host clock around replay + sync" \
+        if spec.graph else "off" + (" (CPU: no graphs)" if spec.device == "cpu" else "")
+    return {
+        "timing.timer": "host time.perf_counter_ns on every rank; each sample = slowest rank",
+        "timing.queued": "barrier, then a burst of ops issued back to back, one wait/sync at "
+                         "the end; per-op = burst / burst length (nccl-tests' time)",
+        "timing.blocking": "barrier, one op, wait + device sync; per-op latency"
+                           if spec.blocking else "off",
+        "timing.graph": graph,
+        "timing.warmup_bursts": str(spec.warmup),
+        "timing.check": "one op on fresh inputs before timing, exact comparison on every rank"
+                        if spec.check else "off",
+    }
+
+
+def env_tags(files: RankFiles) -> dict[str, str]:
+    if not files.env:
+        return {}
+    e0 = files.env[0]
+    tags = {
+        "device_names": ",".join(sorted({e["device_name"] for e in files.env})),
+        "hosts": ",".join(sorted({e["host"] for e in files.env})),
+        "world_size": str(files.world_size),
+        "backend": e0["backend"],
+        "worker_torch": e0["torch"],
+        "worker_threads": str(e0["threads"]),
+    }
+    if e0.get("nccl"):
+        tags["nccl_version"] = e0["nccl"]
+    if e0.get("cuda"):
+        tags["cuda_version"] = e0["cuda"]
+    if e0["backend"] == "gloo":
+        tags["gloo_version"] = f"bundled with torch {e0['torch']}"
+    return tags
+
+
+def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
+    exp: CollectiveExperiment = cfg.experiment
+    if exp.limit_points is not None:
+        points = points[: exp.limit_points]
+    return CollectiveSpec(
+        op=op, dtype=exp.dtype, device=cfg.hardware.device, backend=cfg.hardware.backend,
+        points=points, warmup=exp.warmup, check=exp.check, blocking=exp.blocking,
+        graph=exp.graph and cfg.hardware.device == "cuda", timeout_s=exp.timeout_s,
+        fault_kill_rank=exp.fault.kill_rank, fault_at_point=exp.fault.at_point,
+    )
+
+
+def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> tuple[RankFiles, LaunchOutcome]:
+    hw = cfg.hardware
+    rec.set_tags(timing_tags(spec))
+    topo = Topology(nproc_per_node=hw.nproc_per_node, nnodes=hw.nnodes, node_rank=hw.node_rank,
+                    rdzv_endpoint=hw.rdzv_endpoint, rdzv_backend=hw.rdzv_backend,
+                    rdzv_id=hw.rdzv_id, env=dict(hw.env))
+    outcome = launch(spec, topo, out / "raw", timeout_s=spec.timeout_s)
+    files = read_rank_files(out / "raw")
+    rec.set_tags(env_tags(files))
+    rec.log_metrics({"torchrun_s": outcome.seconds, "points_measured": len(files.points)})
+    return files, outcome
+
+
+def failure_message(spec: CollectiveSpec, files: RankFiles, outcome: LaunchOutcome) -> Optional[str]:
+    """Why the run failed, naming rank and size where known; None if it did not."""
+    for p in files.points:
+        if p.wrong:
+            d = p.wrong_detail[0]
+            return (f"wrong {spec.op} result on rank {d['rank']} at {p.nbytes} B "
+                    f"(point {p.index}, label {p.label}): {d['wrong']} of {p.numel} elements "
+                    f"wrong, first at index {d.get('first_wrong_index')}: got {d.get('got')}, "
+                    f"expected {d.get('expected')}")
+    if outcome.ok:
+        return None
+    done = f"{len(files.points)} of {len(spec.points)} points finished"
+    if files.faults:
+        f = files.faults[0]
+        return f"rank {f['rank']} died at point {f['point']} (injected fault); {done}"
+    if outcome.timed_out:
+        return f"torchrun exceeded experiment.timeout_s={spec.timeout_s:g} s; {done}"
+    tail = "\n".join(outcome.log_tail[-15:])
+    return f"torchrun exited with code {outcome.returncode}; {done}. Last output:\n{tail}"

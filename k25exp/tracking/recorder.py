@@ -1,0 +1,31 @@
+"""The narrow interface runners log through, so they run and test without MLflow."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Protocol
+
+
+class Recorder(Protocol):
+    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        """Summary figures; `step` is the swept quantity when a job sweeps inside itself."""
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Facts about how and where the figures were measured."""
+
+
+class MemoryRecorder:
+    """Keeps everything in memory: tracking=none, and tests of runners without a store."""
+
+    def __init__(self) -> None:
+        self.metrics: list[tuple[str, float, Optional[int]]] = []
+        self.tags: dict[str, str] = {}
+
+    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        self.metrics += [(k, float(v), step) for k, v in metrics.items()]
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.tags.update({k: str(v) for k, v in tags.items()})
+
+    def latest(self, key: str) -> dict[Optional[int], float]:
+        """{step: value} of one metric (the last value logged at each step)."""
+        return {s: v for k, v, s in self.metrics if k == key}

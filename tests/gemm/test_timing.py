@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from k25exp.gemm.kernels import torch_bf16
+from k25exp.gemm.quant import random_weight
+from k25exp.gemm.timing import Timing, percentile, time_cpu, time_cuda, time_fn
+
+CUDA = torch.cuda.is_available()
+
+
+def test_percentile_hand_computed():
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)  # pos 2.7: 3 + 0.7 * 1
+    assert percentile([10.0, 20.0, 30.0, 40.0, 50.0], 90) == pytest.approx(46.0)  # pos 3.6
+    assert percentile([10.0, 20.0, 30.0, 40.0, 50.0], 50) == 30.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert percentile([5.0], 90) == 5.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_timing_properties():
+    t = Timing([3.0, 1.0, 2.0, 10.0], {"timer": "x"})
+    assert t.median_us == 2.5 and t.p90_us == pytest.approx(7.9) and t.min_us == 1.0
+    assert t.mean_us == 4.0
+
+
+def gemm():
+    w = random_weight(256, 512, seed=0)
+    return torch_bf16().prepare(w, None), torch.randn(4, 512).to(torch.bfloat16)
+
+
+def test_time_cpu():
+    fn, x = gemm()
+    t = time_cpu(fn, x, warmup=2, iters=9)
+    assert len(t.samples_us) == 9 and all(s > 0 for s in t.samples_us)
+    assert min(t.samples_us) <= t.median_us <= t.p90_us <= max(t.samples_us)
+    assert t.method["timer"] == "perf_counter_ns"
+    assert t.method["threads"] == torch.get_num_threads()
+    assert (t.method["warmup"], t.method["iters"]) == (2, 9)
+    assert t.method["flush_l2"] is False
+
+
+def test_time_fn_dispatch_cpu():
+    fn, x = gemm()
+    t = time_fn(fn, x, "cpu", warmup=0, iters=3, flush_l2=True)
+    assert len(t.samples_us) == 3 and t.method["device"] == "cpu" and t.method["flush_l2"] is False
+    assert len(time_fn(fn, x, warmup=1, iters=2).samples_us) == 2  # device from x
+    with pytest.raises(ValueError, match="CUDA"):
+        time_fn(fn, x, "cpu", warmup=0, iters=1, graph=True)
+    with pytest.raises(ValueError, match="iters"):
+        time_cpu(fn, x, warmup=0, iters=0)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        time_cuda(fn, x, warmup=0, iters=1)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("graph", [False, True])
+def test_time_cuda(graph):
+    w = random_weight(4096, 7168, seed=0, device="cuda")
+    fn = torch_bf16().prepare(w, None)
+    x = torch.randn(16, 7168, device="cuda").to(torch.bfloat16)
+    t = time_fn(fn, x, "cuda", warmup=3, iters=20, graph=graph)
+    assert len(t.samples_us) == 20 and all(s > 0 for s in t.samples_us)
+    assert t.method["timer"] == "cuda_event" and t.method["mode"] == ("graph" if graph else "eager")
+    assert t.method["flush_l2"] is True and t.method["flush_bytes"] == 256 * 2**20
