@@ -22,7 +22,6 @@ from k25exp.config.validate import ConfigError, to_typed
 from k25exp.envinfo import host_tags
 from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
-from k25exp.tracking.mlflow_store import MlflowRun, MlflowStore, flatten
 from k25exp.tracking.recorder import MemoryRecorder
 
 log = logging.getLogger("k25exp")
@@ -31,10 +30,13 @@ log = logging.getLogger("k25exp")
 failed_jobs = 0
 
 
-def _open_run(cfg: DictConfig, run_name: str, tags: dict, multirun: bool) -> Optional[MlflowRun]:
+def _open_run(cfg: DictConfig, run_name: str, tags: dict, multirun: bool):
+    """The job's MlflowRun, or None with tracking=none (mlflow is then never imported)."""
     t = cfg.tracking
     if t.backend != "mlflow":
         return None
+    from k25exp.tracking.mlflow_store import MlflowStore
+
     parent = read_parent(Path(HydraConfig.get().sweep.dir)) if multirun else None
     store = MlflowStore(t.uri, t.artifact_root)
     return store.start_run(t.experiment_name, run_name=run_name, tags=tags,
@@ -78,6 +80,8 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(resolved))
     if run is not None:
+        from k25exp.tracking.mlflow_store import flatten
+
         run.log_params(flatten(resolved))
         log.info("MLflow run %s in %s", run.run_id, typed.tracking.uri)
 

@@ -44,6 +44,7 @@ class CollectiveSpec:
     timeout_s: float = 600.0
     fault_kill_rank: Optional[int] = None
     fault_at_point: int = 0
+    fault_corrupt_rank: Optional[int] = None
     extra: dict = field(default_factory=dict)
 
     def dump(self, path: Path) -> None:

@@ -129,12 +129,14 @@ def time_graph(g, device: torch.device) -> float:
     return (time.perf_counter_ns() - t0) / 1e9
 
 
-def check(c: Collective, rank: int, device: torch.device) -> dict:
+def check(c: Collective, rank: int, device: torch.device, corrupt: bool = False) -> dict:
     c.fill(rank)
     if c.recv is not None:
         c.recv.zero_()
     c.run()
     _sync(device)
+    if corrupt:  # test hook (experiment.fault.corrupt_rank)
+        c.result()[0] += 1
     got, want = c.result(), c.expected(rank)
     bad = (got != want).nonzero()
     out = {"wrong": int(bad.numel())}
@@ -150,7 +152,7 @@ def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device:
     rec: dict = {"kind": "point", "rank": rank, "label": p.label, "numel": p.numel,
                  "bytes": p.numel * c.send.element_size(), "burst": p.burst}
     if spec.check:
-        rec.update(check(c, rank, device))
+        rec.update(check(c, rank, device, corrupt=spec.fault_corrupt_rank == rank))
         total_wrong = torch.tensor([rec["wrong"]], dtype=torch.int64, device=device)
         dist.all_reduce(total_wrong)
         rec["wrong_all_ranks"] = int(total_wrong.item())

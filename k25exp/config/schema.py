@@ -107,10 +107,15 @@ class PathsConfig:
 
 @dataclass
 class FaultConfig:
-    """Test hook: make one rank die at a given sweep point, to exercise failure handling."""
+    """Test hooks that exercise failure handling on a real process group.
+
+    kill_rank dies (os._exit) at sweep point `at_point`; corrupt_rank perturbs one element
+    of its result before the correctness check, as a broken transport would.
+    """
 
     kill_rank: Optional[int] = None
     at_point: int = 0
+    corrupt_rank: Optional[int] = None
 
 
 @dataclass

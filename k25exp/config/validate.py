@@ -8,6 +8,7 @@ each naming its key, the value and what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -92,9 +93,10 @@ def _check_collective(c: K25Config, p: list[str]) -> None:
         if exp.dtype not in allowed:
             p.append(f"experiment.dtype={exp.dtype!r} cannot be reduced by backend "
                      f"{hw.backend!r}; expected one of {sorted(allowed)}")
-    k = exp.fault.kill_rank
-    if k is not None and not 0 <= k < hw.world_size:
-        p.append(f"experiment.fault.kill_rank={k}: expected a rank in [0, {hw.world_size})")
+    for key in ("kill_rank", "corrupt_rank"):
+        k = getattr(exp.fault, key)
+        if k is not None and not 0 <= k < hw.world_size:
+            p.append(f"experiment.fault.{key}={k}: expected a rank in [0, {hw.world_size})")
 
     if isinstance(exp, NcclBurstConfig):
         _positive(exp, "experiment", ["tokens", "message_bytes", "ops_per_step"], p)
@@ -142,11 +144,31 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 
 
+def _unknown_keys(node: DictConfig, path: str) -> list[str]:
+    """Keys added with `+key=...` to a schema node: OmegaConf would drop them silently."""
+    problems = []
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        known = {f.name for f in dataclasses.fields(schema)}
+        for k in node.keys():
+            if k not in known:
+                problems.append(f"{path}{k}: unknown key for {schema.__name__}; expected one of "
+                                f"{sorted(known)}")
+    for k in node.keys():
+        child = node._get_node(k)
+        if isinstance(child, DictConfig) and not child._is_none():
+            problems += _unknown_keys(child, f"{path}{k}.")
+    return problems
+
+
 def to_typed(cfg: DictConfig, gpu_count: Optional[Callable[[], int]] = None) -> K25Config:
     """The composed DictConfig as typed dataclasses, validated. Raises ConfigError."""
     if cfg.get("experiment") is None:
         raise ConfigError("no experiment selected: add experiment=NAME, one of "
                           f"{sorted(EXPERIMENT_SCHEMAS)}")
+    extra = _unknown_keys(cfg, "")
+    if extra:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(extra))
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # missing values, failed interpolations, bad types

@@ -62,6 +62,7 @@ def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
         points=points, warmup=exp.warmup, check=exp.check, blocking=exp.blocking,
         graph=exp.graph and cfg.hardware.device == "cuda", timeout_s=exp.timeout_s,
         fault_kill_rank=exp.fault.kill_rank, fault_at_point=exp.fault.at_point,
+        fault_corrupt_rank=exp.fault.corrupt_rank,
     )
 
 

@@ -15,7 +15,6 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from k25exp.tracking.mlflow_store import MlflowRun, MlflowStore
 
 log = logging.getLogger(__name__)
 PARENT_FILE = ".k25exp_parent_run.json"
@@ -28,12 +27,14 @@ def read_parent(sweep_dir: Path) -> Optional[dict]:
 
 class MlflowParentRun(Callback):
     def __init__(self) -> None:
-        self.run: Optional[MlflowRun] = None
-        self.store: Optional[MlflowStore] = None
+        self.run = None  # MlflowRun of the parent, while the sweep runs
+        self.store = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.tracking.backend != "mlflow":
             return
+        from k25exp.tracking.mlflow_store import MlflowStore  # only when tracking is on
+
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         # Creating the store here, once, before any job, avoids jobs racing on a fresh

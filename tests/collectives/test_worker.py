@@ -1,0 +1,59 @@
+"""The torchrun worker on a real gloo process group (2 ranks on this CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.collectives.launch import Topology, launch, torchrun_argv
+from k25exp.collectives.results import read_rank_files
+from k25exp.collectives.spec import CollectiveSpec, Point
+
+TOPO = Topology(nproc_per_node=2)
+
+
+def spec(op, numels, **kw):
+    pts = [Point(label=i, numel=n, burst=4, reps=2, blocking_iters=3) for i, n in enumerate(numels)]
+    return CollectiveSpec(op=op, dtype=kw.pop("dtype", "bfloat16"), device="cpu", backend="gloo",
+                          points=pts, warmup=1, timeout_s=120, **kw)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_real_collectives_check_exactly_and_record_every_sample(tmp_path, op, dtype):
+    s = spec(op, [8, 4096], dtype=dtype)
+    out = launch(s, TOPO, tmp_path, timeout_s=120)
+    assert out.ok, out.log_tail
+    files = read_rank_files(tmp_path)
+    assert files.world_size == 2 and [e["rank"] for e in files.env] == [0, 1]
+    assert len(files.points) == 2
+    for p in files.points:
+        assert p.wrong == 0
+        assert len(p.queued_s) == 2 and len(p.blocking_s) == 3 and p.graph_s is None
+        assert all(t > 0 for t in p.queued_s + p.blocking_s)
+        assert p.nbytes == p.numel * (2 if dtype == "bfloat16" else 1)
+
+
+def test_corrupted_result_is_caught_on_the_right_rank(tmp_path):
+    out = launch(spec("all_reduce", [64, 128], fault_corrupt_rank=1), TOPO, tmp_path, timeout_s=120)
+    assert out.returncode != 0
+    files = read_rank_files(tmp_path)
+    (p,) = files.points  # the run stops after the point whose check failed
+    assert p.wrong == 1 and p.wrong_detail == [
+        {"rank": 1, "wrong": 1, "first_wrong_index": 0, "got": 4.0, "expected": 3.0}]  # 1 × (1 + 2), plus 1
+
+
+def test_dead_rank_keeps_finished_points(tmp_path):
+    out = launch(spec("all_reduce", [8, 16, 32], fault_kill_rank=1, fault_at_point=2), TOPO,
+                 tmp_path, timeout_s=120)
+    assert out.returncode != 0 and not out.timed_out
+    files = read_rank_files(tmp_path)
+    assert [p.index for p in files.points] == [0, 1]
+    assert files.faults == [{"kind": "fault", "rank": 1, "point": 2}]
+
+
+def test_multinode_argv_uses_rendezvous():
+    argv = torchrun_argv(Topology(nproc_per_node=4, nnodes=2, rdzv_endpoint="n0:29500"),
+                         "s.json", "out")
+    assert "--nnodes=2" in argv and "--rdzv-endpoint=n0:29500" in argv
+    assert "--standalone" not in argv
+    assert "--standalone" in torchrun_argv(TOPO, "s.json", "out")

@@ -1,0 +1,71 @@
+"""Every experiment composes from the real conf/, and derived sizes follow the model."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from k25exp.config.schema import EXPERIMENT_SCHEMAS, K25Config
+from k25exp.config.store import project_root
+from k25exp.config.validate import to_typed
+from tests.conftest import compose_cfg
+
+EXPERIMENTS = sorted(p.stem for p in (project_root() / "conf" / "experiment").glob("*.yaml"))
+HARDWARE = sorted(p.stem for p in (project_root() / "conf" / "hardware").glob("*.yaml"))
+
+
+def test_every_experiment_file_has_a_schema():
+    assert set(EXPERIMENTS) == set(EXPERIMENT_SCHEMAS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("debug", [None, "quick"])
+def test_experiment_composes_to_its_schema(name, debug):
+    overrides = [f"experiment={name}"] + ([f"debug={debug}"] if debug else [])
+    typed = to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
+    assert isinstance(typed, K25Config)
+    assert isinstance(typed.experiment, EXPERIMENT_SCHEMAS[name])
+    assert typed.experiment.name == name
+    if debug:
+        assert typed.experiment.iters == 3 and typed.experiment.limit_points == 3
+
+
+@pytest.mark.parametrize("hw", HARDWARE)
+def test_hardware_composes(hw):
+    cfg = compose_cfg("experiment=nccl_burst", f"hardware={hw}")
+    t = OmegaConf.to_object(cfg)
+    assert t.hardware.world_size == t.hardware.nnodes * t.hardware.nproc_per_node
+    assert t.hardware.world_size % t.hardware.tp == 0
+    assert t.hardware.link_gbps > 0 and t.hardware.mem_bandwidth_gbps > 0
+
+
+def test_kimi_decode_message_is_derived():
+    e = OmegaConf.to_object(compose_cfg("experiment=nccl_burst")).experiment
+    assert (e.message_bytes, e.ops_per_step) == (14336, 122)  # 7168 × 2 B, 2 × 61 layers
+    e8 = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "experiment.tokens=8")).experiment
+    assert e8.message_bytes == 8 * 14336
+
+
+def test_derived_sizes_follow_model_and_dtype_overrides():
+    e = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "model=tiny_kimi")).experiment
+    assert (e.message_bytes, e.ops_per_step) == (512 * 2, 6)
+    e = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "experiment.dtype=float32")).experiment
+    assert e.message_bytes == 7168 * 4
+    a = OmegaConf.to_object(compose_cfg("experiment=all_to_all", "model.num_experts_per_tok=4")).experiment
+    assert (a.top_k, a.hidden_size) == (4, 7168)
+
+
+def test_tracking_uri_follows_env_then_override(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = compose_cfg("experiment=nccl_burst", f"paths.outputs={tmp_path}")
+    assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
+    assert cfg.tracking.artifact_root == f"{tmp_path}/mlartifacts"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert compose_cfg("experiment=nccl_burst").tracking.uri == "http://127.0.0.1:5999"
+    assert compose_cfg("experiment=nccl_burst", "tracking.uri=sqlite:////x/y.db").tracking.uri == "sqlite:////x/y.db"
+
+
+def test_paths_are_absolute_from_project_root():
+    cfg = compose_cfg("experiment=nccl_burst")
+    assert cfg.paths.root == str(project_root())
+    assert cfg.paths.outputs.startswith("/")

@@ -1,0 +1,113 @@
+"""The three collective runners, called as plain functions on real gloo process groups.
+
+No Hydra job and no MLflow here: the runner gets the typed config and a MemoryRecorder, and
+every logged figure is checked against the raw samples the ranks wrote.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from k25exp.collectives.results import find_knee
+from k25exp.config.validate import to_typed
+from k25exp.runners import runner_for
+from k25exp.runners.allreduce_sweep import sizes
+from k25exp.runners.collective import CollectiveFailed
+from k25exp.stats import median
+from k25exp.tracking import MemoryRecorder
+from tests.conftest import compose_cfg
+
+
+def run(tmp_path, *overrides, rec=None):
+    cfg = to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
+    rec = rec if rec is not None else MemoryRecorder()
+    summary = runner_for(cfg.experiment)(cfg, tmp_path, rec)
+    return cfg, rec, summary
+
+
+def raw_queued(tmp_path, point):
+    """Per-rep burst time as the slowest rank saw it, straight from the JSONL."""
+    per_rank = []
+    for f in sorted((tmp_path / "raw").glob("rank*.jsonl")):
+        recs = [json.loads(line) for line in f.read_text().splitlines()]
+        per_rank.append(next(r for r in recs if r["kind"] == "point" and r["point"] == point)["queued_s"])
+    return [max(xs) for xs in zip(*per_rank)]
+
+
+def one(rec, key, step=None):
+    return rec.latest(key)[step]
+
+
+def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
+    cfg, rec, _ = run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.tokens=2",
+                      "experiment.reference_tpot_ms=20")
+    burst_ms = median(raw_queued(tmp_path, 0)) * 1e3
+    assert one(rec, "burst_ms") == pytest.approx(burst_ms)
+    assert one(rec, "queued_op_us") == pytest.approx(burst_ms * 1e3 / 122)
+    algbw = 2 * 14336 / (one(rec, "queued_op_us") * 1e-6) / 1e9
+    assert one(rec, "algbw_gbps") == pytest.approx(algbw)
+    assert one(rec, "busbw_gbps") == pytest.approx(algbw * 2 * (2 - 1) / 2)
+    assert one(rec, "decode_share") == pytest.approx(burst_ms / 20)
+    assert one(rec, "op_us_p50") <= one(rec, "op_us_p99")
+    assert "graph_burst_ms" not in {k for k, _, _ in rec.metrics}  # CPU: no CUDA graphs
+    assert one(rec, "wrong") == 0
+    assert rec.tags["backend"] == "gloo" and rec.tags["world_size"] == "2"
+    assert "perf_counter_ns" in rec.tags["timing.timer"]
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert len(rows) == 1 and rows[0]["size(B)"] == "28672" and rows[0]["ops"] == "122"
+    assert (tmp_path / "plots" / "op_latency_hist.png").stat().st_size > 1000
+
+
+def test_allreduce_sweep_logs_each_size_as_a_step(tmp_path):
+    _, rec, summary = run(tmp_path, "experiment=allreduce_sweep", "debug=quick",
+                          "experiment.min_bytes=1024", "experiment.factor=4")
+    steps = sorted(rec.latest("time_us"))
+    assert steps == [1024, 4096, 16384]  # debug=quick keeps the first 3 sizes
+    for i, b in enumerate(steps):
+        t = median(raw_queued(tmp_path, i)) / 3 * 1e6  # bursts of iters=3 ops
+        assert rec.latest("time_us")[b] == pytest.approx(t)
+        assert rec.latest("algbw_gbps")[b] == pytest.approx(b / (t * 1e-6) / 1e9)
+        assert rec.latest("wrong")[b] == 0
+    assert summary["peak_busbw_gbps"] == pytest.approx(max(rec.latest("busbw_gbps").values()))
+    assert len((tmp_path / "results.txt").read_text().splitlines()) == 2 + 3
+
+
+def test_sizes_round_to_whole_elements():
+    assert sizes(8, 64, 2, 2) == [8, 16, 32, 64]
+    assert sizes(3, 40, 3, 2) == [2, 8, 26]  # 3, 9, 27 rounded down to bf16 elements
+
+
+def test_all_to_all_knee_and_per_token_figures(tmp_path):
+    cfg, rec, summary = run(tmp_path, "experiment=all_to_all", "experiment.warmup=1",
+                            "experiment.iters=3", "experiment.repeats=2",
+                            "experiment.tokens_per_gpu=[1,2,4,8,64]", "model=tiny_kimi")
+    lat = rec.latest("a2a_us")
+    assert sorted(lat) == [1, 2, 4, 8, 64]
+    for t, us in lat.items():
+        assert rec.latest("a2a_us_per_token")[t] == pytest.approx(us / t)
+        algbw = t * 4 * 512 * 2 / (us * 1e-6) / 1e9  # tokens × top-4 × hidden 512 × bf16
+        assert rec.latest("busbw_gbps")[t] == pytest.approx(algbw / 2)
+    xs = sorted(lat)
+    knee = find_knee(xs, [lat[x] for x in xs], 1.5, 3)
+    assert summary.get("knee_tokens_per_gpu") == knee
+    if knee is None:
+        assert rec.tags["knee"].startswith("none within the sweep")
+    else:
+        assert rec.tags["knee"] == str(knee)
+
+
+def test_failed_run_logs_finished_points_then_raises(tmp_path):
+    rec = MemoryRecorder()
+    with pytest.raises(CollectiveFailed, match=r"rank 1 died at point 2 \(injected fault\); 2 of 3"):
+        run(tmp_path, "experiment=allreduce_sweep", "debug=quick", "experiment.fault.kill_rank=1",
+            "experiment.fault.at_point=2", rec=rec)
+    assert sorted(rec.latest("time_us")) == [8, 16]
+    assert len(list(csv.DictReader(open(tmp_path / "results.csv")))) == 2
+
+
+def test_wrong_result_fails_naming_rank_and_size(tmp_path):
+    with pytest.raises(CollectiveFailed, match=r"wrong all_reduce result on rank 0 at 14336 B"):
+        run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.fault.corrupt_rank=0")

@@ -1,0 +1,113 @@
+"""End to end: the real CLI, real torchrun gloo ranks, a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import yaml
+
+CONTRACT = {
+    "nccl_burst": ({"burst_ms", "queued_op_us", "op_us_mean", "op_us_p50", "op_us_p99",
+                    "algbw_gbps", "busbw_gbps"}, None),
+    "allreduce_sweep": ({"time_us", "algbw_gbps", "busbw_gbps"}, [8, 16, 32]),
+    "all_to_all": ({"a2a_us", "a2a_us_per_token", "busbw_gbps"}, [1, 2, 4]),
+}
+
+
+def artifact_paths(client, run_id, path=""):
+    out = []
+    for a in client.list_artifacts(run_id, path):
+        out += artifact_paths(client, run_id, a.path) if a.is_dir else [a.path]
+    return out
+
+
+def test_each_experiment_logs_its_contract(k25):
+    for name, (metrics, steps) in CONTRACT.items():
+        r = k25(f"experiment={name}", "debug=quick")
+        assert r.returncode == 0, r.stderr[-3000:]
+    runs = r.runs()
+    assert len(runs) == 3
+    c = r.client
+    for run in runs:
+        name = run.data.params["experiment.name"]
+        metrics, steps = CONTRACT[name]
+        assert run.info.status == "FINISHED"
+        assert metrics <= set(run.data.metrics), (name, sorted(run.data.metrics))
+        if steps:
+            hist = c.get_metric_history(run.info.run_id, next(iter(metrics)))
+            assert sorted(m.step for m in hist) == steps
+        exp = c.get_experiment(run.info.experiment_id)
+        assert exp.name == f"k25exp/{name}"
+        assert exp.artifact_location.startswith(str(r.outputs / "mlartifacts"))
+
+
+def test_single_run_records_params_tags_and_artifacts(k25):
+    r = k25("experiment=nccl_burst", "debug=quick", "experiment.reference_tpot_ms=12.5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = r.runs()
+    p, t, m = run.data.params, run.data.tags, run.data.metrics
+    assert p["model.hidden_size"] == "7168" and p["experiment.message_bytes"] == "14336"
+    assert p["experiment.ops_per_step"] == "122" and p["hardware.backend"] == "gloo"
+    assert m["decode_share"] == m["burst_ms"] / 12.5
+    for key in ("git_commit", "host", "torch", "device_names", "world_size", "gloo_version",
+                "hydra.overrides", "timing.timer", "timing.queued", "timing.blocking"):
+        assert t.get(key), key
+    assert "experiment.reference_tpot_ms=12.5" in t["hydra.overrides"]
+    arts = set(artifact_paths(r.client, run.info.run_id))
+    assert {"config.resolved.yaml", "raw/rank0.jsonl", "raw/rank1.jsonl", "raw/spec.json",
+            "results.csv", "results.txt", "plots/op_latency_hist.png", ".hydra/overrides.yaml"} <= arts
+    local = r.client.download_artifacts(run.info.run_id, "config.resolved.yaml")
+    resolved = yaml.safe_load(open(local))
+    assert resolved["experiment"]["message_bytes"] == 14336  # resolved, not ${...}
+    assert "122 x AllReduce" in r.stdout  # the table is printed
+
+
+def test_multirun_gives_one_parent_and_a_child_per_job(k25):
+    r = k25("-m", "experiment=nccl_burst", "debug=quick", "experiment.tokens=1,8,64")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = r.runs()
+    parents = [x for x in runs if x.data.tags.get("k25exp.role") == "parent"]
+    assert len(parents) == 1
+    parent = parents[0]
+    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(runs) == 4 and len(children) == 3
+    assert sorted(int(c.data.params["experiment.tokens"]) for c in children) == [1, 8, 64]
+    assert sorted(int(c.data.params["experiment.message_bytes"]) for c in children) == [
+        14336, 8 * 14336, 64 * 14336]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics == {"children": 3.0, "failed_children": 0.0}
+
+
+def test_dead_rank_fails_its_job_keeps_samples_and_the_sweep_goes_on(k25):
+    r = k25("-m", "experiment=allreduce_sweep", "debug=quick", "experiment.fault.at_point=2",
+            "experiment.fault.kill_rank=1,null")
+    assert r.returncode == 1
+    runs = r.runs()
+    (parent,) = [x for x in runs if x.data.tags.get("k25exp.role") == "parent"]
+    failed = [x for x in runs if x.info.status == "FAILED" and x is not parent]
+    finished = [x for x in runs if x.info.status == "FINISHED"]
+    assert len(failed) == 1 and len(finished) == 1
+    f = failed[0]
+    assert "rank 1 died at point 2" in f.data.tags["error"]
+    assert sorted(m.step for m in r.client.get_metric_history(f.info.run_id, "time_us")) == [8, 16]
+    arts = set(artifact_paths(r.client, f.info.run_id))
+    assert {"raw/rank0.jsonl", "raw/rank1.jsonl", "results.csv", "error.txt"} <= arts
+    assert sorted(m.step for m in r.client.get_metric_history(finished[0].info.run_id, "time_us")) == [8, 16, 32]
+    assert parent.info.status == "FAILED"
+    assert parent.data.metrics["failed_children"] == 1.0 and parent.data.metrics["children"] == 2.0
+    assert "1 job(s) failed" in r.stderr
+
+
+def test_config_error_in_a_sweep_is_a_failed_child(k25):
+    r = k25("-m", "experiment=nccl_burst", "debug=quick", "experiment.tokens=0,1")
+    assert r.returncode == 1
+    runs = r.runs()
+    bad = [x for x in runs if x.data.tags.get("error_type") == "ConfigError"]
+    assert len(bad) == 1 and "experiment.tokens=0" in bad[0].data.tags["error"]
+    assert bad[0].info.status == "FAILED" and bad[0].data.tags.get("mlflow.parentRunId")
+    assert sum(x.info.status == "FINISHED" for x in runs) == 1
+
+
+def test_tracking_none_writes_no_store(k25):
+    r = k25("experiment=nccl_burst", "debug=quick", "tracking=none")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (r.outputs / "mlflow.db").exists()
+    assert list(r.outputs.glob("runs/*/*/results.csv"))
