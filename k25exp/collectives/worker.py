@@ -180,7 +180,8 @@ def env_record(rank: int, world: int, device: torch.device, backend: str) -> dic
     return {"kind": "env", "rank": rank, "world_size": world, "backend": backend,
             "host": socket.gethostname(), "device": str(device), "device_name": name,
             "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(),
+            "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
 
 
 def _cpu_name() -> str:

@@ -44,6 +44,8 @@ def env_tags(files: RankFiles) -> dict[str, str]:
         "worker_torch": e0["torch"],
         "worker_threads": str(e0["threads"]),
     }
+    if e0.get("nccl_env"):
+        tags["nccl_env"] = " ".join(f"{k}={v}" for k, v in e0["nccl_env"].items())
     if e0.get("nccl"):
         tags["nccl_version"] = e0["nccl"]
     if e0.get("cuda"):

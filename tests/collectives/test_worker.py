@@ -57,3 +57,9 @@ def test_multinode_argv_uses_rendezvous():
     assert "--nnodes=2" in argv and "--rdzv-endpoint=n0:29500" in argv
     assert "--standalone" not in argv
     assert "--standalone" in torchrun_argv(TOPO, "s.json", "out")
+
+
+def test_hardware_env_reaches_every_rank(tmp_path):
+    topo = Topology(nproc_per_node=2, env={"NCCL_P2P_DISABLE": "1"})
+    assert launch(spec("all_reduce", [8]), topo, tmp_path, timeout_s=120).ok
+    assert [e["nccl_env"].get("NCCL_P2P_DISABLE") for e in read_rank_files(tmp_path).env] == ["1", "1"]

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The campaign as Hydra multiruns, one phase after another, all tagged with one campaign id.
+#
+#   ./multirun.sh                                   # the embedded default (CPU, gloo, local MLflow)
+#   ./multirun.sh hardware=rtx_pro_6000_x8_pcie     # extra args go to every phase as overrides
+#   PHASES="nccl_burst all_to_all" ./multirun.sh    # a subset of phases
+#
+# Environment: K25EXP_CAMPAIGN (default: campaign-<UTC time>), MLFLOW_TRACKING_URI (default:
+# outputs/mlflow.db), PYTHON (default: .venv/bin/python if present, else python3).
+# A phase that fails does not stop the others; the exit status says whether any failed.
+set -uo pipefail
+cd "$(dirname "$0")"
+
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
+PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all}"
+
+declare -A SWEEP=(
+  # phase            extra sweep arguments (Hydra multirun syntax)
+  [nccl_burst]="experiment.tokens=1,8,64"
+  [allreduce_sweep]=""
+  [all_to_all]=""
+)
+
+ok=() failed=()
+for phase in $PHASES; do
+  if [[ -z "${SWEEP[$phase]+set}" ]]; then
+    echo "multirun.sh: unknown phase '$phase' (known: ${!SWEEP[*]})" >&2
+    failed+=("$phase"); continue
+  fi
+  echo "=== phase $phase (campaign $K25EXP_CAMPAIGN)"
+  # shellcheck disable=SC2086  # the sweep string is split into overrides on purpose
+  if "$PYTHON" -m k25exp -m "experiment=$phase" ${SWEEP[$phase]} "$@"; then
+    ok+=("$phase")
+  else
+    failed+=("$phase")
+  fi
+done
+
+echo "=== campaign $K25EXP_CAMPAIGN: ${#ok[@]} phase(s) ok${ok:+ (${ok[*]})}, ${#failed[@]} failed${failed:+ (${failed[*]})}"
+echo "    open MLflow: $PYTHON -m k25exp ui   (then filter runs by tags.campaign = '$K25EXP_CAMPAIGN')"
+[[ ${#failed[@]} -eq 0 ]]
