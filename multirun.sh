@@ -15,13 +15,14 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
-PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all}"
+PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all gemm}"
 
 declare -A SWEEP=(
   # phase            extra sweep arguments (Hydra multirun syntax)
   [nccl_burst]="experiment.tokens=1,8,64"
   [allreduce_sweep]=""
   [all_to_all]=""
+  [gemm]=""
 )
 
 ok=() failed=()

@@ -3,6 +3,8 @@
     k25exp experiment=nccl_burst [key=value ...]     # same as python -m k25exp ...
     k25exp -m experiment=nccl_burst experiment.tokens=1,8,64
     k25exp ui [--port 5000]                          # MLflow UI on the default store
+    k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
+    k25exp make-model [model=tiny_kimi] [seed=0]     # the embedded model (macro's default)
 """
 
 from __future__ import annotations
@@ -30,7 +32,44 @@ def _ui(args: list[str]) -> int:
     return subprocess.call(argv)
 
 
-SUBCOMMANDS = {"ui": _ui}
+def _make_model(args: list[str]) -> int:
+    from k25exp.serving.tiny_model import cli
+
+    return cli(args)
+
+
+def _sync(args: list[str]) -> int:
+    import argparse
+    import os
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="k25exp sync",
+                                description="Upload offline run folders to an MLflow store, once.")
+    p.add_argument("paths", nargs="+", type=Path, help="run or sweep folders (searched recursively)")
+    p.add_argument("--uri", help="target store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)")
+    p.add_argument("--artifact-root", help="artifact folder for a local store (default: beside it)")
+    a = p.parse_args(args)
+    from k25exp.config.store import project_root
+    from k25exp.tracking.mlflow_store import MlflowStore
+    from k25exp.tracking.offline import sync
+
+    outputs = project_root() / "outputs"
+    uri = a.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{outputs / 'mlflow.db'}"
+    root = a.artifact_root or (str(Path(uri[len("sqlite:///"):]).parent / "mlartifacts")
+                               if uri.startswith("sqlite:///") else None)
+    missing = [str(x) for x in a.paths if not x.exists()]
+    if missing:
+        print(f"k25exp sync: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    report = sync(a.paths, MlflowStore(uri, root))
+    for folder, run_id, what in report:
+        print(f"{what:>16}  {run_id or '-':32}  {folder}")
+    print(f"k25exp sync: {sum(w == 'uploaded' for _, _, w in report)} uploaded, "
+          f"{sum(w == 'already synced' for _, _, w in report)} already there, to {uri}")
+    return 1 if any(w.startswith("skipped") for _, _, w in report) else 0
+
+
+SUBCOMMANDS = {"ui": _ui, "sync": _sync, "make-model": _make_model}
 
 
 def main() -> None:
@@ -39,7 +78,11 @@ def main() -> None:
     from k25exp import job
     from k25exp.app import hydra_main
 
+    from k25exp.tracking import hydra_callback
+
     hydra_main()
-    if job.failed_jobs:
-        print(f"k25exp: {job.failed_jobs} job(s) failed", file=sys.stderr)
+    # Jobs may have run in other processes (parallel launchers): the sweep's own tally wins.
+    failed = max(job.failed_jobs, hydra_callback.last_sweep_failed or 0)
+    if failed:
+        print(f"k25exp: {failed} job(s) failed", file=sys.stderr)
         sys.exit(1)

@@ -23,6 +23,7 @@ from k25exp.envinfo import host_tags
 from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
 from k25exp.tracking.recorder import MemoryRecorder
+from k25exp.tracking.runs import open_run
 
 log = logging.getLogger("k25exp")
 
@@ -30,17 +31,10 @@ log = logging.getLogger("k25exp")
 failed_jobs = 0
 
 
-def _open_run(cfg: DictConfig, run_name: str, tags: dict, multirun: bool):
-    """The job's MlflowRun, or None with tracking=none (mlflow is then never imported)."""
-    t = cfg.tracking
-    if t.backend != "mlflow":
-        return None
-    from k25exp.tracking.mlflow_store import MlflowStore
-
+def _open_run(cfg: DictConfig, out: Path, run_name: str, tags: dict, multirun: bool):
+    """The job's MlflowRun or OfflineRun; None with tracking=none (mlflow never imported)."""
     parent = read_parent(Path(HydraConfig.get().sweep.dir)) if multirun else None
-    store = MlflowStore(t.uri, t.artifact_root)
-    return store.start_run(t.experiment_name, run_name=run_name, tags=tags,
-                           parent_run_id=parent["run_id"] if parent else None)
+    return open_run(cfg.tracking, out, run_name, tags, parent)
 
 
 def _run_name(cfg: DictConfig, overrides: list[str]) -> str:
@@ -75,7 +69,14 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
             "hardware": typed.hardware.name, "model": typed.model.name}
     if typed.tracking.campaign:
         tags["campaign"] = typed.tracking.campaign
-    run = _open_run(cfg, _run_name(cfg, overrides), tags, multirun)
+    if typed.hardware.node_rank != 0:
+        # Several nodes run this same job; node 0 gathers every rank's samples and logs the
+        # run once. This node only hosts its ranks.
+        log.info("hardware.node_rank=%d: measuring only; node 0 logs the results",
+                 typed.hardware.node_rank)
+        run = None
+    else:
+        run = _open_run(cfg, out, _run_name(cfg, overrides), tags, multirun)
     rec = run if run is not None else MemoryRecorder()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(resolved))
@@ -83,7 +84,7 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
         from k25exp.tracking.mlflow_store import flatten
 
         run.log_params(flatten(resolved))
-        log.info("MLflow run %s in %s", run.run_id, typed.tracking.uri)
+        log.info("%s run %s", type(run).__name__, run.run_id)
 
     status, summary, error = "FINISHED", None, ""
     t_measure = time.perf_counter()
@@ -103,10 +104,7 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
         measure_s = time.perf_counter() - t_measure
         rec.log_metrics({"measure_s": measure_s, "job_s": time.perf_counter() - t_start})
         if run is not None:
-            try:
-                run.log_artifacts(out)
-            finally:
-                run.end(status)
+            status, error = _close_run(run, out, status, error)
         log.info("job %s in %.1f s (measuring %.1f s)", status.lower(),
                  time.perf_counter() - t_start, measure_s)
 
@@ -116,11 +114,33 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     return summary
 
 
+def _close_run(run, out: Path, status: str, error: str) -> tuple[str, str]:
+    """Upload the job's folder and end its run; a tracking failure fails the job, loudly."""
+    global failed_jobs
+    try:
+        try:
+            run.flush()
+            run.log_artifacts(out)
+        finally:
+            run.end(status)
+    except Exception as e:
+        log.error("MLflow: %s", e)
+        if status == "FINISHED":
+            failed_jobs += 1
+        status, error = "FAILED", error or f"tracking failed: {e}"
+        try:
+            run.set_tags({"error": error, "error_type": type(e).__name__})
+        except Exception:
+            pass
+    return status, error
+
+
 def _record_config_error(cfg: DictConfig, overrides: list[str], err: ConfigError) -> None:
     """A multirun job with a bad config still shows up, FAILED, under its parent."""
     try:
-        run = _open_run(cfg, _run_name(cfg, overrides), {"hydra.overrides": " ".join(overrides)},
-                        multirun=True)
+        out = Path(HydraConfig.get().runtime.output_dir)
+        run = _open_run(cfg, out, _run_name(cfg, overrides),
+                        {"hydra.overrides": " ".join(overrides)}, multirun=True)
     except Exception as e:  # the tracking config itself may be what is broken
         log.error("could not record the failed job in MLflow: %s", e)
         return

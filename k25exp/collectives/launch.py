@@ -29,9 +29,7 @@ class Topology:
     nproc_per_node: int
     nnodes: int = 1
     node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_backend: str = "c10d"
-    rdzv_id: str = "k25exp"
+    rdzv_endpoint: str | None = None  # host:port of node 0 (static rendezvous)
     env: dict | None = None
 
 
@@ -53,10 +51,14 @@ def torchrun_argv(topo: Topology, spec_path: Path, out_dir: Path) -> list[str]:
     if topo.nnodes == 1 and not topo.rdzv_endpoint:
         argv.append("--standalone")  # picks a free port itself: parallel jobs don't clash
     else:
-        if not topo.rdzv_endpoint:
-            raise ValueError("hardware.rdzv_endpoint is required when hardware.nnodes > 1")
-        argv += [f"--nnodes={topo.nnodes}", f"--rdzv-backend={topo.rdzv_backend}",
-                 f"--rdzv-endpoint={topo.rdzv_endpoint}", f"--rdzv-id={topo.rdzv_id}"]
+        host, _, port = (topo.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"hardware.rdzv_endpoint={topo.rdzv_endpoint!r}: expected host:port "
+                             "of node 0 when hardware.nnodes > 1")
+        # Static rendezvous: node_rank fixes which ranks live here, so node 0 is known to hold
+        # rank 0 before anything starts (an elastic c10d rendezvous assigns them by arrival).
+        argv += [f"--nnodes={topo.nnodes}", f"--node-rank={topo.node_rank}",
+                 f"--master-addr={host}", f"--master-port={port}"]
     argv += ["-m", "k25exp.collectives.worker", str(spec_path), str(out_dir)]
     return argv
 

@@ -89,7 +89,14 @@ def _elementwise_max(lists: Sequence[Sequence[float]]) -> list[float]:
 
 
 def read_rank_files(raw_dir: Path) -> RankFiles:
-    recs = [r for p in sorted(raw_dir.glob("rank*.jsonl")) for r in _read_jsonl(p)]
+    """Every rank's records: rank 0's gathered copy when there is one (it is the only
+    complete copy on several nodes), else the per-rank files; faults from the rank files."""
+    local = [r for p in sorted(raw_dir.glob("rank*.jsonl")) for r in _read_jsonl(p)]
+    gathered = raw_dir / "gathered.jsonl"
+    if gathered.exists():
+        recs = _read_jsonl(gathered) + [r for r in local if r["kind"] == "fault"]
+    else:
+        recs = local
     env = sorted((r for r in recs if r["kind"] == "env"), key=lambda r: r["rank"])
     world = env[0]["world_size"] if env else 0
     by_point: dict[int, list[dict]] = {}

@@ -3,7 +3,9 @@
     torchrun --nproc-per-node=N -m k25exp.collectives.worker SPEC.json OUT_DIR
 
 Imports torch alone. Each rank appends JSON lines to OUT_DIR/rank<R>.jsonl and flushes
-after every point, so a run that dies half-way keeps every finished point.
+after every point, so a run that dies half-way keeps every finished point. After each point
+rank 0 also gathers every rank's record into OUT_DIR/gathered.jsonl: on several nodes that
+is the one complete copy, on node 0.
 
 Timing (host clock, time.perf_counter_ns, on every rank; the reader takes the slowest rank):
 - queued: a barrier, then `burst` ops issued back to back (gloo: async work handles waited
@@ -212,15 +214,22 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s))
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    gathered = open(out_dir / "gathered.jsonl", "a") if rank == 0 else None
     with open(out_dir / f"rank{rank}.jsonl", "a") as f:
         def write(rec: dict) -> None:
             f.write(json.dumps(rec) + "\n")
             f.flush()
+            everyone = [None] * world if rank == 0 else None
+            dist.gather_object(rec, everyone, dst=0)
+            if gathered is not None:
+                gathered.write("".join(json.dumps(r) + "\n" for r in everyone))
+                gathered.flush()
 
         write(env_record(rank, world, device, spec.backend))
         for i, p in enumerate(spec.points):
             if spec.fault_kill_rank == rank and spec.fault_at_point == i:
-                write({"kind": "fault", "rank": rank, "point": i})
+                f.write(json.dumps({"kind": "fault", "rank": rank, "point": i}) + "\n")
+                f.flush()
                 os._exit(17)  # a rank dying without cleanup, as a crash would
             rec = measure_point(spec, p, rank, world, device)
             rec["point"] = i
@@ -229,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[k25exp] {spec.op} point {i + 1}/{len(spec.points)}: "
                       f"label={p.label} bytes={rec['bytes']}", flush=True)
             if rec.get("wrong_all_ranks"):
-                write({"kind": "error", "rank": rank, "point": i, "message": "wrong result"})
                 dist.destroy_process_group()
                 return 3
     dist.barrier()

@@ -74,10 +74,11 @@ class HardwareConfig:
     nproc_per_node: int = MISSING  # ranks (GPUs) per node
     nnodes: int = 1
     node_rank: int = 0
-    # Multi-node rendezvous; null endpoint = single node (torchrun --standalone).
+    # Multi-node: torchrun's static rendezvous. Every node runs the same k25exp command with
+    # its own node_rank (under SLURM: $SLURM_NODEID); rdzv_endpoint = host:port of node 0.
+    # Node 0 (ranks 0 … nproc_per_node−1) gathers every rank's samples and logs the run.
+    # Null endpoint on one node = torchrun --standalone.
     rdzv_endpoint: Optional[str] = None
-    rdzv_backend: str = "c10d"
-    rdzv_id: str = "k25exp"
     world_size: int = MISSING  # interpolated: nnodes × nproc_per_node
     tp: int = MISSING
     interconnect: str = MISSING  # pcie | nvlink | shm
@@ -90,8 +91,12 @@ class HardwareConfig:
 
 @dataclass
 class TrackingConfig:
-    backend: str = "mlflow"  # mlflow | none
+    backend: str = "mlflow"  # mlflow | offline | none
     uri: Optional[str] = None
+    # A remote server that does not answer /health within this time → offline run folder
+    # (when offline_fallback), uploaded later with `k25exp sync`.
+    connect_timeout_s: float = 5.0
+    offline_fallback: bool = True
     experiment_name: str = "k25exp"
     # Where artifacts go for a local (sqlite/file) store; ignored for a remote server.
     artifact_root: Optional[str] = None
@@ -119,21 +124,27 @@ class FaultConfig:
 
 
 @dataclass
-class CollectiveExperiment:
-    """Fields every collective experiment shares."""
+class ExperimentBase:
+    """Fields every experiment has (the debug group sets them, whatever the experiment)."""
 
     name: str = MISSING
-    dtype: str = "${model.dtype}"
     warmup: int = 5
     iters: int = 20
+    # Measure only the first N sweep points (the debug group uses it); null = all.
+    limit_points: Optional[int] = None
+
+
+@dataclass
+class CollectiveExperiment(ExperimentBase):
+    """Fields every collective experiment shares."""
+
+    dtype: str = "${model.dtype}"
     check: bool = True
     # Blocking-latency mode: ops timed one at a time (barrier, op, sync). Off = queued only.
     blocking: bool = True
     # CUDA graph capture of the burst (CUDA only; ignored on CPU with a note in the run).
     graph: bool = True
     timeout_s: float = 600.0
-    # Measure only the first N sweep points (the debug group uses it); null = all.
-    limit_points: Optional[int] = None
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 
@@ -176,6 +187,133 @@ class AllToAllConfig(CollectiveExperiment):
 
 
 @dataclass
+class GemmConfig(ExperimentBase):
+    """Weight GEMMs of a decode step at the model's shapes, per kernel candidate.
+
+    limit_points keeps the first N values of the M sweep.
+    """
+
+    name: str = "gemm"
+    warmup: int = 3
+    iters: int = 10
+    # Names from the model's GEMMs (k25exp.gemm.shapes), or ["all"].
+    shapes: List[str] = field(default_factory=lambda: ["expert_gate_up", "expert_down"])
+    include_lm_head: bool = True  # when shapes = ["all"]
+    # User-named GEMMs, {name: {n: N, k: K}}: weight [n × k], y = x @ W.T with x [M × k].
+    # Untyped so `+experiment.extra_shapes.NAME={n: 4096, k: 7168}` works from the command
+    # line; validate.py checks the entries.
+    extra_shapes: Dict[str, Any] = field(default_factory=dict)
+    # "tp": each rank's shard at hardware.tp; "full": the unsharded weight.
+    shards: List[str] = field(default_factory=lambda: ["tp"])
+    tp: int = "${hardware.tp}"  # type: ignore[assignment]
+    m_values: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    # Concurrencies whose average tokens per routed expert (batch × top_k / n_experts) are
+    # added to the M sweep and tabulated (moe_regime.csv).
+    moe_concurrency: List[int] = field(default_factory=lambda: [1, 8, 32, 128])
+    # Kernel candidates by name (see `registry`) and the baseline for speedup_vs_bf16.
+    kernels: List[str] = field(default_factory=lambda: ["torch_bf16", "w4a16_reference", "torch_int4", "marlin"])
+    baseline: str = "torch_bf16"
+    registry: Dict[str, Any] = field(default_factory=dict)
+    group_size: int = "${model.quant.group_size}"  # type: ignore[assignment]
+    rtol: float = 2e-2  # correctness gate, max|y - y_ref| / max|y_ref|
+    device: str = "${hardware.device}"
+    flush_l2: bool = True  # CUDA only: 256 MiB zeroed before every timed call
+    graph: bool = False  # CUDA only: time a CUDA-graph replay (no launch overhead)
+    threads: Optional[int] = None  # CPU: torch.set_num_threads; null = torch's default
+    seed: int = "${seed}"  # type: ignore[assignment]
+
+
+@dataclass
+class ServerConfig:
+    """The vLLM server the serving experiments talk to (conf/server/).
+
+    kind `vllm` launches one from these settings (argument list, own process group) and
+    keeps it while the settings are unchanged; kind `endpoint` attaches to a server someone
+    else runs at `base_url`. The API key is read from the environment variable named by
+    `api_key_env` and never logged.
+    """
+
+    kind: str = MISSING  # vllm | endpoint
+    base_url: str = MISSING  # vllm: interpolated from host and port
+    served_model_name: str = MISSING
+    api_key_env: Optional[str] = None
+    # Tokenizer used to build prompts of exact token lengths; null = the model folder.
+    tokenizer: Optional[str] = None
+    trust_remote_code: bool = False
+    ready_timeout_s: float = 900.0  # launch: until /health and /v1/models answer
+    # -- kind vllm only --
+    # Checkpoint folder; null = the `model` group's random-weight checkpoint, generated into
+    # model_cache on first use (k25exp.serving.tiny_model).
+    model_path: Optional[str] = None
+    model_cache: str = MISSING
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 = any free port
+    python: Optional[str] = None  # interpreter that runs vLLM; null = this one
+    entrypoint: List[str] = field(default_factory=lambda: ["-m", "vllm.entrypoints.openai.api_server"])
+    tp: int = MISSING
+    dtype: str = MISSING
+    max_model_len: int = 4096
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    gpu_memory_utilization: Optional[float] = None  # GPU builds
+    enforce_eager: bool = False
+    enable_prefix_caching: Optional[bool] = None  # null = vLLM's default
+    seed: int = 0
+    # CPU build: VLLM_CPU_KVCACHE_SPACE (GiB) and VLLM_CPU_OMP_THREADS_BIND; "split" gives each
+    # TP rank an equal share of this process's CPUs ("0|1" on two cores). Set only when
+    # hardware.device is cpu.
+    cpu_kvcache_space_gib: Optional[int] = None
+    cpu_threads_bind: Optional[str] = "split"
+    env: Dict[str, str] = field(default_factory=dict)
+    extra_args: List[str] = field(default_factory=list)
+    # vLLM's --profiler-config (JSON object), e.g. {profiler: torch, torch_profiler_dir: DIR}.
+    profiler: Optional[Dict[str, Any]] = None
+    log_dir: str = MISSING
+    stop_timeout_s: float = 30.0
+
+
+@dataclass
+class MacroFaultConfig:
+    """Test hook: SIGKILL the launched server's process group during one sweep level."""
+
+    kill_server_at_level: Optional[int] = None  # a concurrency of experiment.concurrency
+    after_requests: int = 1  # ...once this many requests of that level have finished
+
+
+@dataclass
+class MacroConfig:
+    """Phase 1: single-stream TPOT and throughput vs concurrency over the HTTP API."""
+
+    name: str = "macro"
+    input_tokens: int = 128  # exact prompt length, counted by the served tokenizer
+    output_tokens: int = 128  # max_tokens with ignore_eos
+    seed: int = "${seed}"  # type: ignore[assignment]
+    warmup_requests: int = 2  # before anything is measured; never in the figures
+    single_stream_requests: int = 8  # one at a time; 0 skips the phase
+    concurrency: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
+    # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
+    # or, when duration_s is set, as many as the level's workers start in that time.
+    requests_per_level: Optional[int] = None
+    rounds: int = 4
+    min_requests: int = 8
+    duration_s: Optional[float] = None
+    request_timeout_s: float = 300.0
+    temperature: float = 0.0
+    # POST /reset_prefix_cache before each level so levels don't help each other.
+    reset_prefix_cache: bool = True
+    # stream_options.continuous_usage_stats: exact token count of every chunk.
+    continuous_usage: bool = True
+    # Saturation: first level after which throughput grows by less than this fraction.
+    saturation_gain: float = 0.1
+    # A level is invalid when the client lagged: p99 of its send lag (actual − scheduled send
+    # time) or the mean of its event loop's wake-up lag above this, or its CPU above 90 % of
+    # a core. Its figures would then measure the client, not the server.
+    max_client_lag_ms: float = 20.0
+    progress: bool = True
+    fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
+
+
+@dataclass
 class K25Config:
     """The root: what `python -m k25exp` composes."""
 
@@ -183,6 +321,7 @@ class K25Config:
     hardware: HardwareConfig = MISSING
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     experiment: Any = None
     seed: int = 0
 
@@ -192,4 +331,6 @@ EXPERIMENT_SCHEMAS: dict[str, type] = {
     "nccl_burst": NcclBurstConfig,
     "allreduce_sweep": AllReduceSweepConfig,
     "all_to_all": AllToAllConfig,
+    "gemm": GemmConfig,
+    "macro": MacroConfig,
 }

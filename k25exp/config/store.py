@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -14,6 +15,7 @@ from k25exp.config.schema import (
     HardwareConfig,
     K25Config,
     ModelConfig,
+    ServerConfig,
     TrackingConfig,
 )
 from k25exp.dtypes import dtype_bytes
@@ -31,6 +33,22 @@ def _mul(*xs) -> int | float:
     return math.prod(xs)
 
 
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: 'gpu[03-05,9],cpu1' → 'gpu03'."""
+    m = re.match(r"([^\[,]+)(?:\[([^\],-]+))?", nodelist.strip())
+    if not m:
+        raise ValueError(f"cannot read a host from SLURM node list {nodelist!r}")
+    return m.group(1) + (m.group(2) or "")
+
+
+def slurm_master(port: int = 29500) -> str:
+    """host:port of node 0 of this SLURM job (for hardware.rdzv_endpoint)."""
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodes:
+        raise ValueError("${k25.slurm_master:} needs SLURM_JOB_NODELIST: not inside a SLURM job")
+    return f"{first_host(nodes)}:{port}"
+
+
 def register_resolvers() -> None:
     # Derived numbers are interpolations (`${k25.mul:2,${model.num_hidden_layers}}`), so
     # changing the model changes every size computed from it.
@@ -38,6 +56,7 @@ def register_resolvers() -> None:
         "k25.mul": _mul,
         "k25.dtype_bytes": dtype_bytes,
         "k25.project_root": lambda: str(project_root()),
+        "k25.slurm_master": slurm_master,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
@@ -50,5 +69,6 @@ def register_configs() -> None:
     cs.store(group="model", name="schema", node=ModelConfig)
     cs.store(group="hardware", name="schema", node=HardwareConfig)
     cs.store(group="tracking", name="schema", node=TrackingConfig)
+    cs.store(group="server", name="schema", node=ServerConfig)
     for name, node in EXPERIMENT_SCHEMAS.items():
         cs.store(group="schema/experiment", name=name, node=node)

@@ -19,7 +19,9 @@ from k25exp.config.schema import (
     AllReduceSweepConfig,
     AllToAllConfig,
     CollectiveExperiment,
+    GemmConfig,
     K25Config,
+    MacroConfig,
     NcclBurstConfig,
 )
 from k25exp.dtypes import BACKEND_DTYPES, dtype_bytes
@@ -67,9 +69,11 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
                  f"(nnodes {hw.nnodes} × nproc_per_node {hw.nproc_per_node})")
     if not 0 <= hw.node_rank < max(hw.nnodes, 1):
         p.append(f"hardware.node_rank={hw.node_rank}: expected 0 ≤ node_rank < nnodes={hw.nnodes}")
-    if hw.nnodes > 1 and not hw.rdzv_endpoint:
-        p.append(f"hardware.rdzv_endpoint is required when hardware.nnodes={hw.nnodes} > 1 "
-                 "(host:port of the rendezvous, e.g. node0:29500)")
+    if hw.nnodes > 1:
+        host, _, port = (hw.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            p.append(f"hardware.rdzv_endpoint={hw.rdzv_endpoint!r}: hardware.nnodes={hw.nnodes} > 1 "
+                     "needs host:port of node 0 (e.g. node0:29500)")
     if hw.backend == "nccl" and hw.device == "cuda" and hw.nproc_per_node > 0:
         have = gpu_count()
         if have < hw.nproc_per_node:
@@ -122,6 +126,100 @@ def _check_collective(c: K25Config, p: list[str]) -> None:
                          f"over world_size {hw.world_size}")
 
 
+def _check_gemm(c: K25Config, p: list[str]) -> None:
+    from k25exp.gemm.shapes import model_gemm_shapes  # torch-free, cheap
+
+    exp: GemmConfig = c.experiment
+    _positive(exp, "experiment", ["iters", "tp", "rtol"], p)
+    _non_negative(exp, "experiment", ["warmup"], p)
+    if exp.device not in ("cpu", "cuda"):
+        p.append(f"experiment.device={exp.device!r}: expected 'cpu' or 'cuda'")
+    for key in ("m_values", "moe_concurrency"):
+        bad = [v for v in getattr(exp, key) if v <= 0]
+        if bad or (key == "m_values" and not exp.m_values):
+            p.append(f"experiment.{key}={getattr(exp, key)}: expected a non-empty list of positive integers")
+    for s in exp.shards:
+        if s not in ("tp", "full"):
+            p.append(f"experiment.shards contains {s!r}: expected 'tp' or 'full'")
+    try:
+        known = [s.name for s in model_gemm_shapes(c.model, max(exp.tp, 1), exp.include_lm_head)]
+    except ValueError as e:
+        p.append(f"experiment.tp={exp.tp} cannot shard model {c.model.name}: {e}")
+        known = []
+    if exp.shapes != ["all"]:
+        for s in exp.shapes:
+            if known and s not in known:
+                p.append(f"experiment.shapes contains unknown shape {s!r}; expected 'all' or "
+                         f"names from {known} (or add it under experiment.extra_shapes)")
+    for name, spec in exp.extra_shapes.items():
+        n, k = (spec.get(x) if isinstance(spec, dict) else None for x in ("n", "k"))
+        if not (isinstance(n, int) and isinstance(k, int) and n > 0 and k > 0) or set(spec) - {"n", "k"}:
+            p.append(f"experiment.extra_shapes.{name}={spec}: expected {{n: N, k: K}} with "
+                     "positive integers (weight [n × k])")
+    for k in [exp.baseline, *exp.kernels]:
+        if k not in exp.registry:
+            p.append(f"experiment.kernels: unknown kernel {k!r}; expected one of {sorted(exp.registry)} "
+                     f"(add it under experiment.registry with a _target_)")
+        elif "_target_" not in exp.registry[k]:
+            p.append(f"experiment.registry.{k}: expected a `_target_: module.function` key")
+    if not exp.shapes and not exp.extra_shapes:
+        p.append("experiment.shapes=[] and no experiment.extra_shapes: expected something to time")
+    if not exp.kernels:
+        p.append("experiment.kernels=[]: expected at least one kernel")
+
+
+def _check_macro(c: K25Config, p: list[str]) -> None:
+    """The serving benchmark and the server it talks to."""
+    exp: MacroConfig = c.experiment
+    srv = c.server
+    _positive(exp, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
+                                  "request_timeout_s", "max_client_lag_ms"], p)
+    _non_negative(exp, "experiment", ["warmup_requests", "single_stream_requests",
+                                      "saturation_gain", "temperature"], p)
+    if exp.output_tokens == 1:
+        p.append("experiment.output_tokens=1: TPOT needs at least 2 output tokens")
+    if not exp.concurrency or any(x <= 0 for x in exp.concurrency):
+        p.append(f"experiment.concurrency={exp.concurrency}: expected a non-empty list of "
+                 "positive integers")
+    elif len(set(exp.concurrency)) != len(exp.concurrency):
+        p.append(f"experiment.concurrency={exp.concurrency}: levels must be distinct (each is a step)")
+    if exp.requests_per_level is not None and exp.requests_per_level <= 0:
+        p.append(f"experiment.requests_per_level={exp.requests_per_level}: expected > 0 or null")
+    if exp.duration_s is not None and exp.duration_s <= 0:
+        p.append(f"experiment.duration_s={exp.duration_s}: expected > 0 or null")
+    f = exp.fault
+    if f.kill_server_at_level is not None:
+        if srv.kind != "vllm":
+            p.append("experiment.fault.kill_server_at_level needs server.kind='vllm' "
+                     "(a server this job launched)")
+        if f.kill_server_at_level not in exp.concurrency:
+            p.append(f"experiment.fault.kill_server_at_level={f.kill_server_at_level}: expected "
+                     f"one of experiment.concurrency={exp.concurrency}")
+    if srv.kind not in ("vllm", "endpoint"):
+        p.append(f"server.kind={srv.kind!r}: expected 'vllm' or 'endpoint'")
+    if not srv.base_url.startswith(("http://", "https://")):
+        p.append(f"server.base_url={srv.base_url!r}: expected http://host:port")
+    _positive(srv, "server", ["ready_timeout_s"], p)
+    if srv.kind == "vllm":
+        _positive(srv, "server", ["tp", "max_model_len", "stop_timeout_s"], p)
+        if not 0 <= srv.port <= 65535:
+            p.append(f"server.port={srv.port}: expected 0 (any free port) to 65535")
+        need = exp.input_tokens + exp.output_tokens
+        if srv.max_model_len > 0 and need > srv.max_model_len:
+            p.append(f"experiment.input_tokens + output_tokens = {need} exceeds "
+                     f"server.max_model_len={srv.max_model_len}")
+        if srv.model_path is None and c.model.quant.method not in ("none", ""):
+            p.append(f"server.model_path=null generates a random bf16 checkpoint, but model "
+                     f"{c.model.name!r} is {c.model.quant.method}: set server.model_path to "
+                     "the real checkpoint (or use model=tiny_kimi)")
+        if srv.tp > 0 and c.model.num_attention_heads % srv.tp:
+            p.append(f"server.tp={srv.tp} must divide model.num_attention_heads="
+                     f"{c.model.num_attention_heads}")
+    elif srv.kind == "endpoint" and srv.tokenizer is None:
+        p.append("server.tokenizer is required with server=endpoint: the served model's "
+                 "tokenizer (folder or hub id) builds prompts of exact token lengths")
+
+
 def _check_model(c: K25Config, p: list[str]) -> None:
     m = c.model
     _positive(m, "model", ["hidden_size", "num_hidden_layers", "n_routed_experts",
@@ -140,6 +238,10 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
     _check_hardware(c, problems, gpu_count or local_gpu_count)
     if isinstance(c.experiment, CollectiveExperiment):
         _check_collective(c, problems)
+    elif isinstance(c.experiment, GemmConfig):
+        _check_gemm(c, problems)
+    if isinstance(c.experiment, MacroConfig):
+        _check_macro(c, problems)
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 

@@ -8,7 +8,6 @@ whether launches were replayed from a CUDA graph. Those choices answer different
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -16,25 +15,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from k25exp.stats import percentile
+
 # triton.testing.do_bench flushes 256 MB too: several times the H200's 60 MB L2, so
 # no weight bytes survive from one call to the next.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 MethodValue = str | int | float | bool
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between the closest ranks:
-    sorted values v, position p = (len - 1) * q / 100, result v[floor p] + (v[ceil p] -
-    v[floor p]) * frac(p). Same as numpy.percentile's default ("linear") method."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be within [0, 100], got {q}")
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 @dataclass

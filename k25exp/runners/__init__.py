@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from typing import Callable
 
-from k25exp.config.schema import AllReduceSweepConfig, AllToAllConfig, NcclBurstConfig
-from k25exp.runners import all_to_all, allreduce_sweep, nccl_burst
+from k25exp.config.schema import AllReduceSweepConfig, AllToAllConfig, GemmConfig, NcclBurstConfig
+from k25exp.runners import all_to_all, allreduce_sweep, gemm, nccl_burst
+from k25exp.config.schema import MacroConfig
+from k25exp.runners import macro
 
 RUNNERS: dict[type, Callable] = {
     NcclBurstConfig: nccl_burst.run,
     AllReduceSweepConfig: allreduce_sweep.run,
     AllToAllConfig: all_to_all.run,
+    GemmConfig: gemm.run,
+    MacroConfig: macro.run,
 }
 
 

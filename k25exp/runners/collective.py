@@ -72,8 +72,7 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     hw = cfg.hardware
     rec.set_tags(timing_tags(spec))
     topo = Topology(nproc_per_node=hw.nproc_per_node, nnodes=hw.nnodes, node_rank=hw.node_rank,
-                    rdzv_endpoint=hw.rdzv_endpoint, rdzv_backend=hw.rdzv_backend,
-                    rdzv_id=hw.rdzv_id, env=dict(hw.env))
+                    rdzv_endpoint=hw.rdzv_endpoint, env=dict(hw.env))
     outcome = launch(spec, topo, out / "raw", timeout_s=spec.timeout_s)
     files = read_rank_files(out / "raw")
     rec.set_tags(env_tags(files))

@@ -25,44 +25,62 @@ def read_parent(sweep_dir: Path) -> Optional[dict]:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+# Set by on_multirun_end: how many jobs of the last sweep failed (jobs may have run in other
+# processes, so the CLI reads this rather than its own count).
+last_sweep_failed: Optional[int] = None
+
+
 class MlflowParentRun(Callback):
     def __init__(self) -> None:
-        self.run = None  # MlflowRun of the parent, while the sweep runs
-        self.store = None
+        self.run = None  # the parent run (MlflowRun or OfflineRun) while the sweep runs
+        self.sweep_dir: Optional[Path] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.tracking.backend != "mlflow":
+        global last_sweep_failed
+        last_sweep_failed = None
+        if config.tracking.backend == "none":
             return
-        from k25exp.tracking.mlflow_store import MlflowStore  # only when tracking is on
+        from k25exp.tracking.runs import open_run  # only when tracking is on
 
-        sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        # Creating the store here, once, before any job, avoids jobs racing on a fresh
-        # SQLite schema.
-        self.store = MlflowStore(config.tracking.uri, config.tracking.artifact_root)
-        tags = {"k25exp.role": "parent", "k25exp.sweep_dir": str(sweep_dir),
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        tags = {"k25exp.role": "parent", "k25exp.sweep_dir": str(self.sweep_dir),
                 "hydra.overrides": " ".join(config.hydra.overrides.task)}
         if config.tracking.campaign:
             tags["campaign"] = str(config.tracking.campaign)
-        self.run = self.store.start_run(config.tracking.experiment_name,
-                                        run_name=f"multirun {sweep_dir.parent.name} {sweep_dir.name}",
-                                        tags=tags)
-        (sweep_dir / PARENT_FILE).write_text(json.dumps(
-            {"run_id": self.run.run_id, "uri": config.tracking.uri}))
+        # Opening the store here, once, before any job, also creates a fresh SQLite schema
+        # before parallel jobs could race on it.
+        self.run = open_run(config.tracking, self.sweep_dir / ".k25exp_parent",
+                            f"multirun {self.sweep_dir.parent.name} {self.sweep_dir.name}", tags,
+                            role="parent")
+        key = "offline_id" if type(self.run).__name__ == "OfflineRun" else "run_id"
+        (self.sweep_dir / PARENT_FILE).write_text(json.dumps({key: self.run.run_id}))
         # If the sweep dies (Ctrl-C, a launcher error), don't leave the parent RUNNING.
         atexit.register(self._close, "KILLED")
-        log.info("MLflow parent run %s", self.run.run_id)
+        log.info("parent run %s (%s)", self.run.run_id, type(self.run).__name__)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.run is None or self.store is None:
+        global last_sweep_failed
+        if self.run is None:
             return
-        children = self.store.children(self.run.run_id)
-        failed = sum(c.info.status != "FINISHED" for c in children)
-        self.run.log_metrics({"children": len(children), "failed_children": failed})
+        statuses = self._children_statuses()
+        failed = sum(s != "FINISHED" for s in statuses)
+        last_sweep_failed = failed
+        self.run.log_metrics({"children": len(statuses), "failed_children": failed})
         self.run.set_tags({"k25exp.failed_children": str(failed)})
-        log.info("multirun: %d jobs, %d failed (MLflow parent run %s)", len(children), failed,
+        log.info("multirun: %d jobs, %d failed (parent run %s)", len(statuses), failed,
                  self.run.run_id)
         self._close("FAILED" if failed else "FINISHED")
+
+    def _children_statuses(self) -> list[str]:
+        if hasattr(self.run, "client"):  # MLflow: the store knows every child, any launcher
+            from k25exp.tracking.mlflow_store import child_runs
+
+            return [c.info.status for c in child_runs(self.run.client, self.run.run_id)]
+        from k25exp.tracking.offline import RUN_FILE  # offline: the children's run files
+
+        metas = [json.loads(p.read_text()) for p in self.sweep_dir.glob(f"*/{RUN_FILE}")]
+        return [m["status"] for m in metas if m.get("role") != "parent"]
 
     def _close(self, status: str) -> None:
         if self.run is not None:

@@ -6,7 +6,9 @@ Hydra's basic launcher runs in one process; explicit run ids don't.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -18,6 +20,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
 METRIC_BATCH = 1000  # and of metrics
 PARAM_MAX_CHARS = 6000
+_METRIC_KEY = re.compile(r"[\w\-. /]+")
 
 
 def is_local(uri: str) -> bool:
@@ -38,13 +41,47 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+class _SerialisedClient:
+    """MlflowClient whose calls hold an exclusive lock on a file beside the SQLite database.
+
+    Jobs launched in parallel (joblib, submitit-local) share one SQLite file; SQLite allows
+    one writer and MLflow's store gives up with "database is locked" under contention, and a
+    fresh store's schema creation races ("duplicate column"). Each call is short, so taking
+    turns costs little. flock works between processes of one machine; several machines
+    should share an MLflow server instead.
+    """
+
+    def __init__(self, client: MlflowClient, lock_path: Path):
+        self._client, self._lock_path = client, lock_path
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_client", "_lock_path"):
+            raise AttributeError(name)  # unpickling (a parallel launcher's workers) asks first
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*args, **kwargs):
+            with open(self._lock_path, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    return attr(*args, **kwargs)
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+
+        return locked
+
+
 class MlflowStore:
     def __init__(self, uri: str, artifact_root: Optional[str] = None):
-        if uri.startswith("sqlite:///"):
-            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         self.uri = uri
         self.artifact_root = artifact_root if is_local(uri) else None
-        self.client = MlflowClient(tracking_uri=uri)
+        client = MlflowClient(tracking_uri=uri)
+        if uri.startswith("sqlite:///"):
+            db = Path(uri[len("sqlite:///"):])
+            db.parent.mkdir(parents=True, exist_ok=True)
+            client = _SerialisedClient(client, db.with_name(db.name + ".lock"))
+        self.client = client
 
     def experiment_id(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
@@ -61,21 +98,24 @@ class MlflowStore:
 
     def start_run(self, experiment_name: str, run_name: Optional[str] = None,
                   tags: Optional[Mapping[str, str]] = None,
-                  parent_run_id: Optional[str] = None) -> "MlflowRun":
+                  parent_run_id: Optional[str] = None,
+                  start_time: Optional[int] = None) -> "MlflowRun":
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
         run = self.client.create_run(self.experiment_id(experiment_name), run_name=run_name,
-                                     tags=all_tags)
+                                     tags=all_tags, start_time=start_time)
         return MlflowRun(self.client, run.info.run_id)
 
     def children(self, parent_run_id: str) -> list:
-        # A sweep over experiment=a,b puts children in several MLflow experiments.
-        ids = [e.experiment_id for e in self.client.search_experiments()]
-        return self.client.search_runs(
-            ids,
-            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_run_id}'",
-            max_results=10000)
+        return child_runs(self.client, parent_run_id)
+
+
+def child_runs(client, parent_run_id: str) -> list:
+    # A sweep over experiment=a,b puts children in several MLflow experiments.
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(ids, filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_run_id}'",
+                              max_results=10000)
 
 
 class MlflowRun:
@@ -91,8 +131,18 @@ class MlflowRun:
             self.client.log_batch(self.run_id, params=items[i:i + PARAM_BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        # Checked here, not at flush: one bad key would make MLflow reject the whole batch.
+        bad = [k for k in metrics if not _METRIC_KEY.fullmatch(k)]
+        if bad:
+            raise ValueError(f"metric names {bad} have characters MLflow rejects "
+                             "(allowed: letters, digits, _ - . / and space)")
         ts = int(time.time() * 1000)
-        self._metrics += [Metric(k, float(v), ts, int(step or 0)) for k, v in metrics.items()]
+        for k, v in metrics.items():
+            self.queue_metric(Metric(k, float(v), ts, int(step or 0)))
+
+    def queue_metric(self, metric: Metric) -> None:
+        """One metric point with its own timestamp (an offline run's, when syncing)."""
+        self._metrics.append(metric)
         if len(self._metrics) >= METRIC_BATCH:
             self.flush()
 
@@ -108,6 +158,13 @@ class MlflowRun:
     def log_artifacts(self, local_dir: Path, artifact_path: Optional[str] = None) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
-    def end(self, status: str = "FINISHED") -> None:
-        self.flush()
-        self.client.set_terminated(self.run_id, status)
+    def end(self, status: str = "FINISHED", end_time: Optional[int] = None) -> None:
+        """Flush and terminate; the run is terminated (FAILED if the flush fails) either way."""
+        try:
+            self.flush()
+        except Exception:
+            status = "FAILED"
+            self._metrics.clear()
+            raise
+        finally:
+            self.client.set_terminated(self.run_id, status, end_time=end_time)

@@ -52,9 +52,9 @@ def test_dead_rank_keeps_finished_points(tmp_path):
 
 
 def test_multinode_argv_uses_rendezvous():
-    argv = torchrun_argv(Topology(nproc_per_node=4, nnodes=2, rdzv_endpoint="n0:29500"),
+    argv = torchrun_argv(Topology(nproc_per_node=4, nnodes=2, node_rank=1, rdzv_endpoint="n0:29500"),
                          "s.json", "out")
-    assert "--nnodes=2" in argv and "--rdzv-endpoint=n0:29500" in argv
+    assert {"--nnodes=2", "--node-rank=1", "--master-addr=n0", "--master-port=29500"} <= set(argv)
     assert "--standalone" not in argv
     assert "--standalone" in torchrun_argv(TOPO, "s.json", "out")
 

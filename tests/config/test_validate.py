@@ -100,7 +100,7 @@ def test_all_problems_reported_at_once():
 
 
 def test_multinode_needs_rendezvous_endpoint():
-    with pytest.raises(ConfigError, match="hardware.rdzv_endpoint is required"):
+    with pytest.raises(ConfigError, match="hardware.rdzv_endpoint=None: hardware.nnodes=2 > 1 needs host:port"):
         typed("experiment=nccl_burst", "hardware.nnodes=2")
     t = typed("experiment=nccl_burst", "hardware.nnodes=2", "hardware.rdzv_endpoint=node0:29500")
     assert t.hardware.world_size == 4

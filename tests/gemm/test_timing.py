@@ -5,23 +5,9 @@ import torch
 
 from k25exp.gemm.kernels import torch_bf16
 from k25exp.gemm.quant import random_weight
-from k25exp.gemm.timing import Timing, percentile, time_cpu, time_cuda, time_fn
+from k25exp.gemm.timing import Timing, time_cpu, time_cuda, time_fn
 
 CUDA = torch.cuda.is_available()
-
-
-def test_percentile_hand_computed():
-    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
-    assert percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)  # pos 2.7: 3 + 0.7 * 1
-    assert percentile([10.0, 20.0, 30.0, 40.0, 50.0], 90) == pytest.approx(46.0)  # pos 3.6
-    assert percentile([10.0, 20.0, 30.0, 40.0, 50.0], 50) == 30.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
-    assert percentile([5.0], 90) == 5.0
-    with pytest.raises(ValueError):
-        percentile([], 50)
-    with pytest.raises(ValueError):
-        percentile([1.0], 101)
 
 
 def test_timing_properties():

@@ -28,3 +28,15 @@ def test_batches_past_mlflow_limits_and_parent_links(tmp_path):
     assert [r.info.run_id for r in store.children(parent.run_id)] == [run.run_id]
     exp = c.get_experiment_by_name("k25exp/test")
     assert exp.artifact_location == f"{tmp_path}/art/k25exp/test"
+
+
+def test_bad_metric_name_is_refused_when_logged_not_at_flush(tmp_path):
+    import pytest
+
+    store = MlflowStore(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "art"))
+    run = store.start_run("k25exp/test")
+    run.log_metrics({"ok/name.tp2": 1.0})
+    with pytest.raises(ValueError, match="shape@tp2"):
+        run.log_metrics({"shape@tp2": 1.0})
+    run.end("FINISHED")  # the good metric still lands
+    assert store.client.get_run(run.run_id).data.metrics == {"ok/name.tp2": 1.0}

@@ -1,0 +1,198 @@
+"""gemm: every weight GEMM of a decode step at the model's shapes, per kernel candidate.
+
+Each (shape, kernel, M) is first checked against an fp32 reference (the original weight for
+unquantized kernels, the dequantized one for W4A16 kernels); only kernels that pass are
+timed. Figures per (shape, kernel) are MLflow metrics `<shape>.tp<N>/<kernel>/<figure>` with
+step = M:
+  latency_us (median), latency_us_p90, tflops = 2·M·N·K / t, gbps = bytes the kernel must
+  move (weights as the kernel stores them + activations + output) / t, roofline_pct =
+  the time the hardware config's memory bandwidth or peak rate allows (whichever bounds)
+  / t × 100, speedup_vs_bf16 = baseline latency / latency, max_rel_err vs the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from k25exp import plots, tables
+from k25exp.config.schema import GemmConfig, K25Config
+from k25exp.gemm.kernels import KernelUnavailable, check_correct
+from k25exp.gemm.quant import dequantize, quantize_w4a16, random_weight
+from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
+from k25exp.gemm.timing import time_fn
+from k25exp.registry import instantiate
+from k25exp.tracking.recorder import Recorder
+
+
+class GemmFailed(RuntimeError):
+    """Some kernel produced a wrong result; everything else was measured and logged."""
+
+
+@dataclass
+class Row:
+    shape: str
+    n: int
+    k: int
+    kernel: str
+    m: int
+    status: str  # ok | failed | skipped
+    latency_us: Optional[float] = None
+    latency_us_p90: Optional[float] = None
+    tflops: Optional[float] = None
+    gbps: Optional[float] = None
+    roofline_pct: Optional[float] = None
+    speedup_vs_bf16: Optional[float] = None
+    max_rel_err: Optional[float] = None
+    note: str = ""
+
+
+def shapes_to_run(cfg: K25Config) -> list[tuple[str, GemmShape]]:
+    """(label, shape) for every requested shape and shard; label = `<name>.tp<N>` (MLflow keys allow no @)."""
+    exp: GemmConfig = cfg.experiment
+    out: list[tuple[str, GemmShape]] = []
+    tps = sorted({exp.tp if s == "tp" else 1 for s in exp.shards}, reverse=True)
+    for tp in tps:
+        model_shapes = {s.name: s for s in model_gemm_shapes(cfg.model, tp, exp.include_lm_head)}
+        names = list(model_shapes) if exp.shapes == ["all"] else exp.shapes
+        out += [(f"{n}.tp{tp}", model_shapes[n]) for n in names]
+    for name, spec in exp.extra_shapes.items():
+        out.append((name, GemmShape(name, spec["n"], spec["k"], "replicated", note="from extra_shapes")))
+    return out
+
+
+def m_sweep(cfg: K25Config) -> tuple[list[int], list[list[Any]]]:
+    """M values to time, and the MoE-regime table (concurrency → M per expert)."""
+    exp, m = cfg.experiment, cfg.model
+    regime = [[b, expert_tokens(b, m.num_experts_per_tok, m.n_routed_experts),
+               expert_m(b, m.num_experts_per_tok, m.n_routed_experts),
+               min(m.n_routed_experts, b * m.num_experts_per_tok)] for b in exp.moe_concurrency]
+    ms = sorted(set(exp.m_values) | {r[2] for r in regime})
+    return (ms[: exp.limit_points] if exp.limit_points else ms), regime
+
+
+def _bound_us(nbytes: float, flops: float, cfg: K25Config) -> float:
+    hw = cfg.hardware
+    return max(nbytes / (hw.mem_bandwidth_gbps * 1e9), flops / (hw.peak_bf16_tflops * 1e12)) * 1e6
+
+
+def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
+    exp: GemmConfig = cfg.experiment
+    device = torch.device("cuda", 0) if exp.device == "cuda" else torch.device("cpu")
+    threads_before = torch.get_num_threads()
+    if exp.threads and device.type == "cpu":
+        torch.set_num_threads(exp.threads)
+    ms, regime = m_sweep(cfg)
+    tables.write(out / "moe_regime", [tables.Column("concurrency", "{}"),
+                                       tables.Column("tokens/expert", "{:.3f}", 14),
+                                       tables.Column("M", "{}", 6), tables.Column("experts", "{}", 9)],
+                 regime, f"{cfg.model.name}: top-{cfg.model.num_experts_per_tok} of "
+                         f"{cfg.model.n_routed_experts} experts, uniform routing")
+    names = [exp.baseline] + [k for k in exp.kernels if k != exp.baseline]
+    kernels = {n: instantiate(exp.registry[n], f"experiment.registry.{n}") for n in names}
+    rows: list[Row] = []
+    failures: list[str] = []
+    method_logged = False
+    gen = torch.Generator().manual_seed(exp.seed)
+    try:
+        for si, (label, shape) in enumerate(shapes_to_run(cfg)):
+            w = random_weight(shape.n, shape.k, seed=exp.seed + si, device=device)
+            qw = quantize_w4a16(w, exp.group_size) if exp.group_size > 0 and shape.k % exp.group_size == 0 else None
+            refs = {False: w.float(), True: dequantize(qw).float() if qw is not None else None}
+            xs = {m: torch.randn(m, shape.k, generator=gen).to(device, torch.bfloat16) for m in ms}
+            base: dict[int, float] = {}
+            for name, kernel in kernels.items():
+                try:
+                    if kernel.quantized and qw is None:
+                        raise KernelUnavailable(f"{label} K={shape.k} is not a multiple of "
+                                                f"experiment.group_size={exp.group_size}")
+                    fn = kernel.prepare(w, qw)
+                except KernelUnavailable as e:
+                    rows += [Row(label, shape.n, shape.k, name, m, "skipped", note=str(e)) for m in ms]
+                    rec.set_tags({f"skipped.{name}": str(e)})
+                    continue
+                for m in ms:
+                    x = xs[m]
+                    ok, err = check_correct(fn(x), (x.float() @ refs[kernel.quantized].T), exp.rtol)
+                    if not ok:
+                        msg = f"{name} on {label} at M={m}: max_rel_err {err:.3g} > rtol {exp.rtol:g}"
+                        failures.append(msg)
+                        rows.append(Row(label, shape.n, shape.k, name, m, "failed", max_rel_err=err, note=msg))
+                        rec.log_metrics({f"{label}/{name}/max_rel_err": err}, step=m)
+                        continue
+                    t = time_fn(fn, x, device, warmup=exp.warmup, iters=exp.iters,
+                                flush_l2=exp.flush_l2, graph=exp.graph)
+                    if not method_logged:
+                        rec.set_tags({f"timing.{k}": str(v) for k, v in t.method.items() if k != "device"})
+                        method_logged = True
+                    lat = t.median_us
+                    nbytes = kernel.weight_bytes(shape.n, shape.k) + 2 * m * (shape.k + shape.n)
+                    flops = 2 * m * shape.n * shape.k
+                    if name == exp.baseline:
+                        base[m] = lat
+                    r = Row(label, shape.n, shape.k, name, m, "ok", lat, t.p90_us, flops / lat / 1e6,
+                            nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100,
+                            base[m] / lat if m in base else None, err)
+                    rows.append(r)
+                    rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
+            _plot(out, label, shape, rows)
+    finally:
+        torch.set_num_threads(threads_before)
+        _write_tables(out, rows, cfg)
+    summary = {"kernels_failed": float(len({f.split(' ')[0] for f in failures}))}
+    rec.log_metrics(summary)
+    if failures:
+        raise GemmFailed("correctness gate: " + "; ".join(failures[:5])
+                         + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""))
+    return summary
+
+
+def _figures(r: Row) -> dict[str, float]:
+    keys = ("latency_us", "latency_us_p90", "tflops", "gbps", "roofline_pct", "speedup_vs_bf16",
+            "max_rel_err")
+    return {k: getattr(r, k) for k in keys if getattr(r, k) is not None}
+
+
+COLUMNS = [
+    tables.Column("shape", "{}", 24), tables.Column("N", "{}", 7), tables.Column("K", "{}", 7),
+    tables.Column("kernel", "{}", 17), tables.Column("M", "{}", 5), tables.Column("status", "{}", 8),
+    tables.Column("lat(us)", "{:.2f}", 11), tables.Column("p90(us)", "{:.2f}", 11),
+    tables.Column("TFLOP/s", "{:.3f}", 10), tables.Column("GB/s", "{:.1f}", 9),
+    tables.Column("roofline%", "{:.1f}", 10), tables.Column("vs_bf16", "{:.2f}", 8),
+    tables.Column("max_rel_err", "{:.2e}", 12),
+]
+
+
+def _write_tables(out: Path, rows: list[Row], cfg: K25Config) -> None:
+    exp = cfg.experiment
+    data = [[r.shape, r.n, r.k, r.kernel, r.m, r.status, r.latency_us, r.latency_us_p90, r.tflops,
+             r.gbps, r.roofline_pct, r.speedup_vs_bf16, r.max_rel_err] for r in rows]
+    text = tables.write(out / "results", COLUMNS, data,
+                        f"gemm: {cfg.model.name} on {cfg.hardware.name} ({exp.device}); median of "
+                        f"{exp.iters} calls after {exp.warmup} warm-up; roofline vs "
+                        f"{cfg.hardware.mem_bandwidth_gbps:g} GB/s, {cfg.hardware.peak_bf16_tflops:g} TFLOP/s")
+    notes = sorted({f"{r.kernel} on {r.shape}: {r.status}: {r.note}" for r in rows if r.note})
+    if notes:
+        (out / "notes.txt").write_text("\n".join(notes) + "\n")
+    print(text + ("\n".join(notes) + "\n" if notes else ""), flush=True)
+
+
+def _plot(out: Path, label: str, shape: GemmShape, rows: list[Row]) -> None:
+    mine = [r for r in rows if r.shape == label and r.status == "ok"]
+    if not mine:
+        return
+    ms = sorted({r.m for r in mine})
+    by_kernel = {}
+    for r in mine:
+        by_kernel.setdefault(r.kernel, {})[r.m] = r
+    safe = label.replace(".", "_")
+    title = f"{label} [{shape.n} × {shape.k}]"
+    plots.sweep(out / "plots" / f"latency_{safe}.png", ms,
+                {k: [v[m].latency_us if m in v else None for m in ms] for k, v in by_kernel.items()},
+                "M (tokens)", "latency (µs, median)", title, logy=True)
+    plots.sweep(out / "plots" / f"speedup_{safe}.png", ms,
+                {k: [v[m].speedup_vs_bf16 if m in v else None for m in ms] for k, v in by_kernel.items()},
+                "M (tokens)", "speedup vs bf16 (×)", title)

@@ -1,0 +1,413 @@
+"""macro: single-stream TPOT and throughput vs concurrency against a live vLLM server.
+
+Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer's count),
+`output_tokens` generated with ignore_eos, greedy, a fixed seed:
+  1. warm-up: `warmup_requests` one at a time, recorded as phase "warmup", never in figures;
+  2. single stream: `single_stream_requests` one at a time → single_stream_* figures;
+  3. sweep: for each concurrency C a closed loop of C workers → figures at step C.
+The prefix cache is reset before phases 2 and 3 and before every level, so no level reuses
+another's prompts' KV. Figure definitions: k25exp.serving.figures and .server_metrics.
+
+Artifacts: requests.jsonl (one line per request, every phase), results.txt/.csv (one row per
+level), plots/, server.log (the server's log over this job). A server that dies ends the job
+with its log tail, after logging the levels already measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import orjson
+
+from k25exp import plots, tables
+from k25exp.config.schema import K25Config, MacroConfig
+from k25exp.serving import server_metrics
+from k25exp.serving.client import CompletionClient, run_level
+from k25exp.serving.figures import level_figures, saturation
+from k25exp.serving.prompts import PromptBuilder, load_tokenizer
+from k25exp.serving.server import Connection, ServerDied, ServerError, connect, release
+from k25exp.tracking.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+WARMUP_PROMPTS = 1_000_000  # warm-up prompts are indices from here: never a measured prompt
+
+COLUMNS = [
+    tables.Column("conc", "{}", 6), tables.Column("reqs", "{}", 6), tables.Column("err", "{}", 5),
+    tables.Column("tok/s", "{:.1f}", 10), tables.Column("req/s", "{:.2f}", 8),
+    tables.Column("ttft_p50", "{:.1f}", 10), tables.Column("ttft_p99", "{:.1f}", 10),
+    tables.Column("tpot_p50", "{:.2f}", 10), tables.Column("tpot_p99", "{:.2f}", 10),
+    tables.Column("srv_tpot", "{:.2f}", 10), tables.Column("itl_p50", "{:.2f}", 9),
+    tables.Column("itl_p99", "{:.2f}", 9), tables.Column("e2e_p50", "{:.0f}", 9),
+    tables.Column("lag_p99", "{:.2f}", 9), tables.Column("loop", "{:.2f}", 7),
+    tables.Column("cpu", "{:.2f}", 6),
+    tables.Column("valid", "{:.0f}", 6),
+]
+ROW_KEYS = ["requests", "errors", "output_tok_s", "request_s", "ttft_ms_p50", "ttft_ms_p99",
+            "tpot_ms_p50", "tpot_ms_p99", "server_tpot_ms_mean", "itl_ms_p50", "itl_ms_p99",
+            "e2e_ms_p50", "client_lag_ms_p99", "client_loop_lag_ms_mean", "client_cpu_util",
+            "valid"]
+LEVEL_METRICS = {  # logged at step = concurrency
+    "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean", "tpot_ms_p50", "tpot_ms_p90",
+    "tpot_ms_p99", "tpot_ms_mean", "itl_ms_p50", "itl_ms_p99", "itl_ms_mean", "e2e_ms_p50",
+    "e2e_ms_p99", "e2e_ms_mean", "output_tok_s", "request_s", "errors", "requests", "completed",
+    "malformed_chunks", "output_tokens_mismatch", "prompt_tokens_mismatch", "client_lag_ms_p50",
+    "client_lag_ms_p99", "client_lag_ms_max", "client_loop_lag_ms_p99", "client_loop_lag_ms_p50",
+    "client_loop_lag_ms_mean", "client_cpu_util",
+    "valid", "wall_s", "server_tpot_ms_mean", "server_ttft_ms_mean", "server_itl_ms_mean",
+    "server_e2e_ms_mean", "server_requests",
+}
+
+
+def requests_for(exp: MacroConfig, c: int) -> int:
+    if exp.requests_per_level is not None:
+        return exp.requests_per_level
+    return max(exp.min_requests, exp.rounds * c)
+
+
+def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
+    exp: MacroConfig = cfg.experiment
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    t = time.perf_counter()
+    generated: list[Path] = []
+    try:
+        conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
+                       on_generate=generated.append)
+    except ServerError:
+        rec.log_metrics({"server_starts": 0})
+        raise
+    if generated:
+        rec.log_metrics({"model_generate_s": time.perf_counter() - t})
+    _record_server(cfg, conn, rec)
+    try:
+        return asyncio.run(_measure(cfg, conn, out, rec))
+    except ServerDied:
+        if conn.managed:
+            release(conn.managed)  # stop what's left of it; the next job starts afresh
+        raise
+    finally:
+        _copy_log(conn, out)
+
+
+def _record_server(cfg: K25Config, conn: Connection, rec: Recorder) -> None:
+    m = {"server_starts": 1.0 if conn.started else 0.0}
+    if conn.started:
+        m["server_start_s"] = conn.start_s
+    rec.log_metrics(m)
+    tags = {"server.kind": cfg.server.kind, "server.base_url": conn.base_url,
+            "server.model": conn.model}
+    if conn.managed:
+        tags.update({"server.reused": str(not conn.started).lower(),
+                     "server.pid": str(conn.managed.pid), "server.launch_key": conn.managed.key,
+                     "server.model_path": conn.info.get("model_path", ""),
+                     "server.log": str(conn.managed.log_path)})
+    if conn.info.get("version"):
+        tags["server.version"] = conn.info["version"]
+    rec.set_tags(tags)
+    log.info("server %s (%s)", conn.base_url,
+             f"started in {conn.start_s:.1f} s" if conn.started else
+             ("reused" if conn.managed else "endpoint"))
+
+
+def _copy_log(conn: Connection, out: Path) -> None:
+    srv = conn.managed
+    if srv is None or srv.log_path is None or not srv.log_path.exists():
+        return
+    with open(srv.log_path, "rb") as f:
+        f.seek(conn.log_offset)
+        (out / "server.log").write_bytes(f.read())
+
+
+async def _reset_prefix_cache(http: httpx.AsyncClient, state: dict) -> None:
+    if state.get("reset") is False:
+        return
+    for _ in range(10):
+        try:
+            r = await http.post("/reset_prefix_cache")
+        except httpx.HTTPError as e:
+            state.update(reset=False, why=f"{type(e).__name__}: {e}")
+            return
+        if r.status_code != 200:
+            state.update(reset=False, why=f"HTTP {r.status_code} (vLLM needs VLLM_SERVER_DEV_MODE=1)")
+            return
+        try:
+            if r.json().get("success", True):
+                state["reset"] = True
+                return
+        except ValueError:
+            state["reset"] = True
+            return
+        await asyncio.sleep(0.2)  # blocks still held: retry
+    state.update(reset=False, why="the server kept answering success=false")
+
+
+async def _scrape(http: httpx.AsyncClient, model: str) -> Optional[dict]:
+    try:
+        r = await http.get("/metrics")
+        return server_metrics.parse(r.text, model) if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+async def _server_view(http, model, before, completed) -> tuple[dict, dict]:
+    """Scrapes /metrics until the level's requests are all counted (they are recorded as
+    they finish, just after the client saw the last chunk), 2 s at most."""
+    if before is None:
+        return {}, {}
+    deadline = time.monotonic() + 2.0
+    while True:
+        after = await _scrape(http, model)
+        if after is None:
+            return {}, {}
+        figs, src = server_metrics.level_means(before, after)
+        if figs.get("server_requests", 0) >= completed or time.monotonic() > deadline:
+            return figs, src
+        await asyncio.sleep(0.1)
+
+
+class _Progress:
+    """A live progress bar per phase (rich); silent when disabled."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.p = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+
+            self.p = Progress(TextColumn("{task.description:>18}"), BarColumn(),
+                              MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                              TimeElapsedColumn())
+            self.p.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.p:
+            self.p.stop()
+
+    def task(self, name: str, total: Optional[int]):
+        return self.p.add_task(name, total=total, info="") if self.p else None
+
+    def update(self, task, rec: dict, errors: int) -> None:
+        if self.p is not None and task is not None:
+            tpot = rec.get("tpot_s")
+            info = f"err {errors}" + (f"  tpot {tpot * 1e3:.1f} ms" if tpot else "")
+            self.p.update(task, advance=1, info=info)
+
+
+async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -> dict[str, float]:
+    exp: MacroConfig = cfg.experiment
+    tok_path = cfg.server.tokenizer or conn.info.get("model_path")
+    if not tok_path:
+        raise ServerError("no tokenizer: set server.tokenizer (folder or hub id of the served model's)")
+    tok = load_tokenizer(tok_path, cfg.server.trust_remote_code)
+    prompt = PromptBuilder(tok, exp.input_tokens, exp.seed)
+    rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": f"httpx {httpx.__version__}, "
+                  "one asyncio process, closed loop", "macro.tpot_definition":
+                  "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks"})
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = open(out / "requests.jsonl", "wb")
+    t0 = time.perf_counter()
+    summary: dict[str, float] = {}
+    rows, measured = [], []
+    cache: dict = {}
+    killed = {"done": False}
+
+    async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
+                                max_connections=max(exp.concurrency) + 4,
+                                continuous_usage=exp.continuous_usage,
+                                temperature=exp.temperature, seed=exp.seed) as client:
+        http = client.http
+
+        def dead() -> bool:
+            return not conn.alive()
+
+        async def phase(name: str, level: int, c: int, n: Optional[int], duration: Optional[float],
+                        first_prompt: int, progress: _Progress) -> dict:
+            errors = done = 0
+            task = progress.task(f"{name} c={c}", n)
+            f = exp.fault
+            kill_here = name == "sweep" and f.kill_server_at_level == level and conn.managed
+
+            def on_record(r: dict) -> None:
+                nonlocal errors, done
+                errors += not r["ok"]
+                done += 1
+                jsonl.write(orjson.dumps(r) + b"\n")
+                progress.update(task, r, errors)
+                if kill_here and not killed["done"] and done >= f.after_requests:
+                    killed["done"] = True  # the fault hook: a crash, as SIGKILL of every process
+                    log.warning("fault: killing the server at concurrency %d", level)
+                    conn.managed.kill(signal.SIGKILL)
+
+            res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
+                                  level=level, concurrency=c, max_tokens=exp.output_tokens, t0=t0,
+                                  n_requests=n, duration_s=duration,
+                                  input_tokens=exp.input_tokens, on_record=on_record,
+                                  should_stop=dead)
+            jsonl.flush()
+            return res
+
+        with _Progress(exp.progress) as progress:
+            if exp.warmup_requests:
+                await phase("warmup", 1, 1, exp.warmup_requests, None, WARMUP_PROMPTS, progress)
+                _check_alive(conn, "warm-up")
+            if exp.single_stream_requests:
+                await _reset_prefix_cache(http, cache)
+                before = await _scrape(http, conn.model)
+                res = await phase("single", 1, 1, exp.single_stream_requests, None, 0, progress)
+                _check_alive(conn, "the single-stream phase", res)
+                figs = level_figures(res["records"], res["wall_s"], res["cpu_s"],
+                                     res["loop_lag_ms"], exp.max_client_lag_ms,
+                                     exp.output_tokens, exp.input_tokens)
+                srv, src = await _server_view(http, conn.model, before, figs["completed"])
+                figs.update(srv)
+                single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
+                          "single_stream_tpot_ms_mean": figs.get("tpot_ms_mean"),
+                          "single_stream_ttft_ms": figs.get("ttft_ms_p50"),
+                          "single_stream_itl_ms_p50": figs.get("itl_ms_p50"),
+                          "single_stream_e2e_ms": figs.get("e2e_ms_p50"),
+                          "single_stream_output_tok_s": figs.get("output_tok_s"),
+                          "single_stream_errors": figs["errors"],
+                          "single_stream_server_tpot_ms_mean": figs.get("server_tpot_ms_mean"),
+                          "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean")}
+                single = {k: v for k, v in single.items() if v is not None}
+                if "single_stream_server_tpot_ms_mean" in single and "single_stream_tpot_ms_mean" in single:
+                    s = single["single_stream_server_tpot_ms_mean"]
+                    single["single_stream_tpot_gap_pct"] = (single["single_stream_tpot_ms_mean"] - s) / s * 100
+                rec.log_metrics(single)
+                summary.update(single)
+                if src:
+                    rec.set_tags({f"server_metrics.{k}": v for k, v in src.items()})
+
+            for c in exp.concurrency:
+                await _reset_prefix_cache(http, cache)
+                before = await _scrape(http, conn.model)
+                n = None if exp.duration_s else requests_for(exp, c)
+                res = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
+                figs = level_figures(res["records"], res["wall_s"], res["cpu_s"],
+                                     res["loop_lag_ms"], exp.max_client_lag_ms,
+                                     exp.output_tokens, exp.input_tokens)
+                if figs["errors"] and conn.managed is not None:
+                    await _settle(http, conn)  # a dying server closes sockets before it exits
+                if not conn.alive():
+                    rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]}, step=c)
+                    _finish(out, exp, rows, measured, summary, rec, jsonl)
+                    raise ServerDied(
+                        f"vLLM died during level concurrency={c} ({figs['completed']} of "
+                        f"{figs['requests']} requests completed; {len(measured)} level(s) measured "
+                        f"before it); last lines of its log:\n{conn.log_tail()}")
+                if figs["completed"] == 0 and conn.managed is None:
+                    try:
+                        await http.get("/health", timeout=5.0)
+                    except httpx.HTTPError as e:
+                        _finish(out, exp, rows, measured, summary, rec, jsonl)
+                        raise ServerError(f"endpoint {conn.base_url} stopped answering during "
+                                          f"level concurrency={c}: {type(e).__name__}: {e}") from None
+                srv, _ = await _server_view(http, conn.model, before, figs["completed"])
+                figs.update(srv)
+                if not figs["valid"]:
+                    log.warning("level c=%d invalid: the client lagged (send lag p99 %.1f ms, "
+                                "loop lag mean %.1f ms, limit %.1f ms; CPU %.0f %% of a core)", c,
+                                figs.get("client_lag_ms_p99", 0),
+                                figs.get("client_loop_lag_ms_mean", 0), exp.max_client_lag_ms,
+                                100 * figs.get("client_cpu_util", 0))
+                rec.log_metrics({k: v for k, v in figs.items() if k in LEVEL_METRICS}, step=c)
+                measured.append((c, figs))
+                rows.append([c] + [figs.get(k) for k in ROW_KEYS])
+
+    if cache.get("reset") is False:
+        rec.set_tags({"prefix_cache": f"NOT reset between levels: {cache.get('why')}"})
+    else:
+        rec.set_tags({"prefix_cache": "reset before every level"})
+    _finish(out, exp, rows, measured, summary, rec, jsonl)
+    return summary
+
+
+async def _settle(http: httpx.AsyncClient, conn: Connection, timeout_s: float = 10.0) -> None:
+    """After failed requests: waits until the launched server either answers /health or has
+    exited, so a crash is reported as one even when the level ended a moment before the
+    process did."""
+    deadline = time.monotonic() + timeout_s
+    while conn.alive() and time.monotonic() < deadline:
+        try:
+            if (await http.get("/health", timeout=2.0)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.2)
+
+
+def _check_alive(conn: Connection, what: str, res: Optional[dict] = None) -> None:
+    if not conn.alive():
+        raise ServerDied(f"vLLM died during {what}; last lines of its log:\n{conn.log_tail()}")
+
+
+def _finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dict,
+            rec: Recorder, jsonl) -> None:
+    """Summary figures, table and plots from the levels measured so far."""
+    jsonl.close()
+    if not measured:
+        return
+    levels = [c for c, _ in measured]
+    tput = [f["output_tok_s"] for _, f in measured]
+    peak_i = max(range(len(tput)), key=tput.__getitem__)
+    sat = saturation(levels, tput, exp.saturation_gain)
+    s = {"peak_output_tok_s": tput[peak_i], "peak_concurrency": levels[peak_i],
+         "invalid_levels": sum(1 for _, f in measured if not f["valid"]),
+         "sweep_errors": sum(f["errors"] for _, f in measured)}
+    if sat is not None:
+        s["saturation_concurrency"] = sat
+    rec.log_metrics(s)
+    rec.set_tags({"saturation": str(sat) if sat is not None else
+                  f"none within the sweep (throughput still grew by more than "
+                  f"{exp.saturation_gain:.0%} at its last step)"})
+    summary.update(s)
+    text = tables.write(out / "results", COLUMNS, rows,
+                        f"macro: {exp.input_tokens} in / {exp.output_tokens} out tokens; ms "
+                        "except tok/s, req/s; srv_tpot = server's mean; lag = client send lag; "
+                        "loop = client loop lag (mean); cpu = client cores busy")
+    print(text, flush=True)
+    pdir = out / "plots"
+    plots.sweep(pdir / "throughput_vs_concurrency.png", levels, {"output tok/s": tput},
+                "concurrency", "output tokens / s", "Throughput vs concurrency",
+                vline=sat, vline_label=f"saturation (gain < {exp.saturation_gain:.0%})")
+    plots.sweep(pdir / "tpot_vs_concurrency.png", levels,
+                {k: [f.get(f"tpot_ms_{k}") for _, f in measured] for k in ("p50", "p90", "p99")}
+                | {"server mean": [f.get("server_tpot_ms_mean") for _, f in measured]},
+                "concurrency", "TPOT (ms)", "TPOT vs concurrency (vLLM definition)")
+    _cdf_plot(pdir / "latency_cdf.png", out / "requests.jsonl")
+
+
+def _cdf_plot(path: Path, jsonl: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_level: dict[int, list[dict]] = {}
+    for line in jsonl.read_bytes().splitlines():
+        r = orjson.loads(line)
+        if r["phase"] == "sweep" and r["ok"]:
+            by_level.setdefault(r["level"], []).append(r)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for ax, key, label in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "end-to-end")):
+        for c in sorted(by_level):
+            xs = sorted(r[key] * 1e3 for r in by_level[c] if r[key] is not None)
+            if xs:
+                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"c={c}")
+        ax.set(xlabel=f"{label} (ms)", ylabel="fraction of requests", title=f"{label} CDF")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,156 @@
+"""An OpenAI-style streaming completions server with no model behind it, for two jobs:
+
+* measuring the client's own capacity (how many chunks per second one process can take in
+  before it, not the server, sets the pace): it streams as fast as asked;
+* exercising the client's failure handling, which a healthy vLLM never shows: the prompt
+  picks the behaviour — "http500", "malformed" (one bad chunk mid-stream), "cut" (closes
+  before [DONE]), "stream_error" (an error object mid-stream), "slow" (answers after 30 s).
+
+    python -m k25exp.serving.stub_server --port 8090 [--gap-ms 0]
+
+Plain asyncio and HTTP/1.1 keep-alive, no dependencies. Loopback only by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from typing import Optional
+
+
+def _chunk(obj) -> bytes:
+    data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+class StubServer:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, gap_s: float = 0.0):
+        self.host, self.port, self.gap_s = host, port, gap_s
+        self.requests = 0
+        self._server: Optional[asyncio.base_events.Server] = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> "StubServer":
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def close(self) -> None:
+        if self._server:
+            self._server.close()
+            for t in list(self._tasks):  # keep-alive connections waiting for a request
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._server.wait_closed()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.lower(): v.strip() for k, v in
+                           (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+                body = await reader.readexactly(int(headers.get("content-length", 0)))
+                self.requests += 1
+                if not await self._respond(method, path, body, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _respond(self, method: str, path: str, body: bytes,
+                       writer: asyncio.StreamWriter) -> bool:
+        """Answers one request; False closes the connection."""
+        if path == "/health":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            return True
+        if path == "/v1/models":
+            data = json.dumps({"data": [{"id": "stub"}]}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(data), data))
+            return True
+        if path != "/v1/completions":
+            writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+            return True
+        req = json.loads(body)
+        prompt, n = req.get("prompt", ""), int(req.get("max_tokens", 16))
+        if "http500" in prompt:
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nboom")
+            return True
+        if "slow" in prompt:
+            await asyncio.sleep(30)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        pt = len(prompt.split())
+        for i in range(n):
+            if "malformed" in prompt and i == n // 2:
+                writer.write(_chunk(b'{"choices": [{"text": "oops"'))
+            if "stream_error" in prompt and i == n // 2:
+                writer.write(_chunk({"error": {"message": "engine hiccup", "code": 500}}))
+                break
+            if "cut" in prompt and i == n // 2:
+                await writer.drain()
+                return False
+            writer.write(_chunk({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
+                                 "usage": {"prompt_tokens": pt, "completion_tokens": i + 1,
+                                           "total_tokens": pt + i + 1}}))
+            await writer.drain()  # raises once the client has gone
+            if self.gap_s:
+                await asyncio.sleep(self.gap_s)
+        writer.write(_chunk({"choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": n,
+                                                      "total_tokens": pt + n}}))
+        writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+class StubThread:
+    """The stub on its own event loop in a thread, for tests and the capacity probe."""
+
+    def __init__(self, gap_s: float = 0.0):
+        self.loop = asyncio.new_event_loop()
+        self.stub = StubServer(gap_s=gap_s)
+        self._t = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> StubServer:
+        self._t.start()
+        asyncio.run_coroutine_threadsafe(self.stub.start(), self.loop).result(10)
+        return self.stub
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self.stub.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._t.join(5)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8090)
+    p.add_argument("--gap-ms", type=float, default=0.0, help="pause between chunks")
+    a = p.parse_args()
+
+    async def serve():
+        s = await StubServer(a.host, a.port, a.gap_ms / 1e3).start()
+        print(f"stub completions server on {s.base_url}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Per-step, per-category busy time of each rank's trace, and figures across ranks.
+
+What counts as work:
+* GPU traces (any kernel / gpu_memcpy / gpu_memset event): device activity on every stream of
+  the rank; host-side operators are ignored.
+* CPU-only traces (vLLM's CPU build): `cpu_op` events on every thread, each instant owned by
+  the innermost operator running then (self time), so nested operators count once.
+
+Per step window and category: busy = the union of the category's intervals clipped to the
+window (a kernel cut by a step boundary counts only its part inside). `work` = the union of
+all categories; `idle` = step length − work.
+
+Overlap (two streams or threads busy at once with different categories) is attributed by
+priority: each instant goes to the first busy category in the rules' `categories` order
+(default: compute categories first, communication last, so a communication share is the
+*exposed* communication time). These exclusive shares plus idle add up to 100 % of the step
+exactly. Each category's own union (`raw_busy`) is reported too, and `overlap_share` =
+(Σ raw busy − work) / step time: the time counted more than once by the raw figures.
+
+Averages over steps are time-weighted: share = Σ_steps busy / Σ_steps step length.
+Across ranks: the headline figure is the mean over ranks (so shares still add to 100 %),
+with min / median / max beside it; steps_analysed is the minimum over ranks.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from k25exp import stats
+from k25exp.traces.intervals import Windows, self_time_segments, union
+from k25exp.traces.reader import CPU_CATS, DEVICE_CATS, DEFAULT_CHUNK_BYTES, Trace, read_trace
+from k25exp.traces.rules import Rules, load_rules
+from k25exp.traces.steps import Step, select_steps
+
+IDLE = "idle"
+
+
+@dataclass
+class KernelStat:
+    name: str
+    category: str
+    calls: int          # events starting inside an analysed step
+    total_us: float     # time inside analysed steps (self time for CPU operators)
+
+    @property
+    def mean_us(self) -> float:
+        return self.total_us / self.calls if self.calls else 0.0
+
+
+@dataclass
+class RankBreakdown:
+    label: str
+    path: str
+    rank: int | None
+    mode: str                       # "gpu" | "cpu"
+    step_source: str                # gpu_user_annotation | user_annotation | window
+    categories: list[str]
+    groups: dict[str, list[str]]
+    steps: list[Step]
+    step_ns: np.ndarray             # [steps]
+    busy_ns: np.ndarray             # [steps, categories], exclusive (priority-attributed)
+    raw_busy_ns: np.ndarray         # [steps, categories], each category's own union
+    work_ns: np.ndarray             # [steps], union of all work
+    kernels: list[KernelStat]       # by total time, descending
+    annotated_steps: int = 0
+    decode_steps: int = 0
+    events_total: int = 0
+    events_kept: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+    analyse_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def steps_analysed(self) -> int:
+        return len(self.steps)
+
+    @property
+    def total_step_ns(self) -> float:
+        return float(self.step_ns.sum())
+
+    @property
+    def decode_step_ms(self) -> float:
+        return float(self.step_ns.mean()) / 1e6 if self.step_ns.size else 0.0
+
+    def shares(self) -> dict[str, float]:
+        """Exclusive share of step time per category, plus idle (they sum to 100)."""
+        t = self.total_step_ns
+        out = {c: 100.0 * float(self.busy_ns[:, i].sum()) / t for i, c in enumerate(self.categories)}
+        out[IDLE] = 100.0 * float((self.step_ns - self.work_ns).sum()) / t
+        return out
+
+    def group_shares(self) -> dict[str, float]:
+        sh = self.shares()
+        return {g: sum(sh[c] for c in members) for g, members in self.groups.items()}
+
+    def raw_shares(self) -> dict[str, float]:
+        t = self.total_step_ns
+        return {c: 100.0 * float(self.raw_busy_ns[:, i].sum()) / t
+                for i, c in enumerate(self.categories)}
+
+    @property
+    def overlap_share(self) -> float:
+        return 100.0 * float(self.raw_busy_ns.sum() - self.work_ns.sum()) / self.total_step_ns
+
+    def busy_ms(self) -> dict[str, float]:
+        """Mean exclusive busy time per step, per category (ms)."""
+        n = max(1, self.steps_analysed)
+        out = {c: float(self.busy_ns[:, i].sum()) / n / 1e6 for i, c in enumerate(self.categories)}
+        out[IDLE] = float((self.step_ns - self.work_ns).sum()) / n / 1e6
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        m: dict[str, float] = {"decode_step_ms": self.decode_step_ms,
+                               "steps_analysed": float(self.steps_analysed)}
+        for c, v in self.shares().items():
+            m[f"share_{c}"] = v
+        for g, v in self.group_shares().items():
+            m[f"share_{g}"] = v
+        m["allreduce_share"] = m.get("share_comm_allreduce", 0.0)
+        m["overlap_share"] = self.overlap_share
+        return m
+
+
+@dataclass
+class Analysis:
+    ranks: list[RankBreakdown]
+    rules: Rules
+    max_steps: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def categories(self) -> list[str]:
+        return list(self.rules.categories)
+
+    def across_ranks(self) -> dict[str, dict[str, float]]:
+        """metric -> {mean, min, median, max} over ranks."""
+        per = [r.metrics() for r in self.ranks]
+        out: dict[str, dict[str, float]] = {}
+        for k in per[0]:
+            xs = [p[k] for p in per]
+            out[k] = {"mean": stats.mean(xs), "min": min(xs), "median": stats.median(xs),
+                      "max": max(xs)}
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """Headline figures (mean over ranks; steps_analysed: min) and _min/_median/_max."""
+        out: dict[str, float] = {}
+        for k, v in self.across_ranks().items():
+            out[k] = v["min"] if k == "steps_analysed" else v["mean"]
+        for k, v in self.across_ranks().items():
+            for s in ("min", "median", "max"):
+                out[f"{k}_{s}"] = v[s]
+        return out
+
+    def top_kernels(self, n: int | None = 30) -> list[tuple[KernelStat, float]]:
+        """(stat, share %) summed over ranks; share = time / all ranks' step time."""
+        acc: dict[tuple[str, str], list[float]] = {}
+        for r in self.ranks:
+            for k in r.kernels:
+                a = acc.setdefault((k.name, k.category), [0, 0.0])
+                a[0] += k.calls
+                a[1] += k.total_us
+        total_us = sum(r.total_step_ns for r in self.ranks) / 1e3
+        rows = sorted(((KernelStat(nm, c, int(a[0]), a[1]), 100.0 * a[1] / total_us)
+                       for (nm, c), a in acc.items()), key=lambda t: -t[0].total_us)
+        return rows[:n] if n else rows
+
+    def to_dict(self, top: int = 30) -> dict:
+        """JSON-serialisable figures (what `k25exp analyze --json` prints)."""
+        return {
+            "metrics": self.metrics(),
+            "categories": self.categories + [IDLE],
+            "groups": self.rules.groups,
+            "rules": self.rules.source,
+            "max_steps": self.max_steps,
+            "across_ranks": self.across_ranks(),
+            "ranks": [_rank_dict(r, top) for r in self.ranks],
+            "top_kernels": [_kernel_dict(k, s) for k, s in self.top_kernels(top)],
+            "warnings": self.warnings + [f"{r.label}: {w}" for r in self.ranks for w in r.warnings],
+        }
+
+
+def _kernel_dict(k: KernelStat, share: float) -> dict:
+    return {"name": k.name, "category": k.category, "calls": k.calls,
+            "total_ms": k.total_us / 1e3, "mean_us": k.mean_us, "share": share}
+
+
+def _rank_dict(r: RankBreakdown, top: int) -> dict:
+    t = r.total_step_ns / 1e3
+    return {
+        "label": r.label, "rank": r.rank, "path": r.path, "mode": r.mode,
+        "step_source": r.step_source, "steps_analysed": r.steps_analysed,
+        "annotated_steps": r.annotated_steps, "decode_steps": r.decode_steps,
+        "decode_step_ms": r.decode_step_ms,
+        "shares": r.shares(), "group_shares": r.group_shares(), "raw_shares": r.raw_shares(),
+        "overlap_share": r.overlap_share, "busy_ms": r.busy_ms(),
+        "metrics": r.metrics(),
+        "top_kernels": [_kernel_dict(k, 100.0 * k.total_us / t) for k in r.kernels[:top]],
+        "events_total": r.events_total, "events_kept": r.events_kept,
+        "bytes_read": r.bytes_read, "read_s": r.read_s, "analyse_s": r.analyse_s,
+        "warnings": r.warnings,
+    }
+
+
+def _attribute(cat_of: np.ndarray, s: np.ndarray, e: np.ndarray, n_cat: int, win: Windows
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Splits the windows at every category boundary; each elementary segment inside a
+    window goes to the first busy category (priority order), or idle. Returns exclusive
+    busy [steps, n_cat], raw busy [steps, n_cat] and work [steps]."""
+    n_steps = win.s.size
+    unions = [union(s[cat_of == c], e[cat_of == c]) for c in range(n_cat)]
+    bounds = np.unique(np.concatenate([win.s, win.e] + [a for u in unions for a in u]))
+    left = bounds[:-1]
+    length = np.diff(bounds).astype(np.float64)
+    step = win.index(left)
+    inside = step >= 0
+    left, length, step = left[inside], length[inside], step[inside]
+    covered = np.zeros((n_cat, left.size), dtype=bool)
+    for c, (us, ue) in enumerate(unions):
+        if us.size == 0:
+            continue
+        i = np.searchsorted(us, left, side="right") - 1
+        ok = i >= 0
+        covered[c] = ok & (ue[np.maximum(i, 0)] > left)
+    busy_any = covered.any(axis=0)
+    label = np.where(busy_any, covered.argmax(axis=0), n_cat)
+    excl = np.bincount(step * (n_cat + 1) + label, weights=length,
+                       minlength=n_steps * (n_cat + 1)).reshape(n_steps, n_cat + 1)
+    raw = np.zeros((n_steps, n_cat))
+    for c in range(n_cat):
+        m = covered[c]
+        if m.any():
+            raw[:, c] = np.bincount(step[m], weights=length[m], minlength=n_steps)
+    work = win.len.astype(np.float64) - excl[:, n_cat]
+    return excl[:, :n_cat], raw, work
+
+
+def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
+                  label: str = "rank0", rank: int | None = None) -> RankBreakdown:
+    """The breakdown of one rank's trace (see the module docstring)."""
+    t0 = time.perf_counter()
+    device = trace.has_device_work()
+    wanted = DEVICE_CATS if device else CPU_CATS
+    codes = [i for i, c in enumerate(trace.cats) if c in wanted]
+    mask = np.isin(trace.cat_id, codes)
+    sel = select_steps(trace, device, mask, max_steps)
+    warnings = list(sel.warnings)
+    steps = sel.steps
+    win = Windows(np.array([st.start_ns for st in steps], dtype=np.int64),
+                  np.array([st.end_ns for st in steps], dtype=np.int64))
+
+    # Category of every (name, trace category) pair, then of every event.
+    idx = np.flatnonzero(mask)
+    n_cats_trace = len(trace.cats)
+    pair = trace.name_id[idx].astype(np.int64) * n_cats_trace + trace.cat_id[idx]
+    upair, pair_inv = np.unique(pair, return_inverse=True)
+    cat_index = {c: i for i, c in enumerate(rules.categories)}
+    pair_cat = np.array([cat_index[rules.classify(trace.names[p // n_cats_trace],
+                                                  trace.cats[p % n_cats_trace])]
+                         for p in upair.tolist()], dtype=np.int16)
+    ev_pair = pair_inv.astype(np.int64)
+    start = trace.start_ns[idx]
+    end = start + trace.dur_ns[idx]
+    if device:
+        seg_s, seg_e, seg_pair = start, end, ev_pair
+    else:
+        seg_s, seg_e, seg_pair = self_time_segments(start, end, trace.lane_id[idx], ev_pair)
+    # Only what can touch an analysed step.
+    lo, hi = int(win.s.min()), int(win.e.max())
+    near = (seg_e > lo) & (seg_s < hi)
+    seg_s, seg_e, seg_pair = seg_s[near], seg_e[near], seg_pair[near]
+    n_cat = len(rules.categories)
+    excl, raw, work = _attribute(pair_cat[seg_pair], seg_s, seg_e, n_cat, win)
+
+    # Per name: time inside steps and calls starting inside steps.
+    t_in = win.overlap(seg_s, seg_e).astype(np.float64)
+    total_ns = np.bincount(seg_pair, weights=t_in, minlength=upair.size)
+    calls = np.bincount(ev_pair[win.index(start) >= 0], minlength=upair.size)
+    order = np.argsort(-total_ns, kind="stable")
+    kernels = [KernelStat(trace.names[int(upair[i]) // n_cats_trace],
+                          rules.categories[int(pair_cat[i])], int(calls[i]), float(total_ns[i]) / 1e3)
+               for i in order.tolist() if total_ns[i] > 0 or calls[i] > 0]
+
+    step_ns = win.len.astype(np.float64)
+    return RankBreakdown(
+        label=label, path=str(trace.path), rank=rank, mode="gpu" if device else "cpu",
+        step_source=sel.source, categories=list(rules.categories), groups=dict(rules.groups),
+        steps=steps, step_ns=step_ns, busy_ns=excl, raw_busy_ns=raw, work_ns=work,
+        kernels=kernels, annotated_steps=sel.annotated, decode_steps=sel.decode,
+        events_total=trace.events_total, events_kept=trace.n_events, bytes_read=trace.bytes_read,
+        read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings,
+    )
+
+
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.I)
+
+
+def _rank_of(trace: Trace) -> int | None:
+    info = trace.metadata.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    found = _RANK_IN_NAME.findall(trace.path.name)
+    return int(found[-1]) if found else None
+
+
+def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
+            max_steps: int | None = None, rules: Rules | None = None,
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Analysis:
+    """Analyses one trace per rank. Ranks come from the trace's distributedInfo, else from
+    `rank<N>` in the file name, else from the order of `paths`. Raises TraceError (naming
+    the file) on unreadable input and RulesError on a bad rules file."""
+    if not paths:
+        raise ValueError("no trace files given")
+    rules = rules if rules is not None else load_rules(rules_path)
+    traces_ranks: list[tuple[RankBreakdown, int | None]] = []
+    found: list[int | None] = []
+    results: list[RankBreakdown] = []
+    for p in paths:
+        tr = read_trace(p, chunk_bytes=chunk_bytes)
+        rank = _rank_of(tr)
+        found.append(rank)
+        results.append(analyze_trace(tr, rules, max_steps, rank=rank))
+        del tr
+    warnings: list[str] = []
+    if all(r is not None for r in found) and len(set(found)) == len(found):
+        for r, rk in zip(results, found):
+            r.label = f"rank{rk}"
+        results.sort(key=lambda r: r.rank)  # type: ignore[arg-type, return-value]
+    else:
+        if len(paths) > 1:
+            warnings.append("ranks not recorded in the traces (distributedInfo) nor in the "
+                            "file names: numbered in the order given")
+        for i, r in enumerate(results):
+            r.rank = i
+            r.label = f"rank{i}"
+    del traces_ranks
+    return Analysis(results, rules, max_steps, warnings)

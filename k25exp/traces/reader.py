@@ -1,0 +1,622 @@
+"""Streaming reader for Kineto / Chrome trace JSON (`.json` or `.json.gz`, one file per rank).
+
+Strategy (chosen by measurement, see benchmarks/trace_analyzer_bench.py): the file is
+decompressed in blocks of `chunk_bytes`; each block is cut at the last top-level event
+boundary of the `traceEvents` array and that slice is parsed by orjson as one JSON array.
+Only the events the analysis needs are kept, in compact numpy arrays (name and category
+codes, lane, start and duration in integer nanoseconds); everything else (python_function
+frames, runtime calls, flow events, args) is dropped chunk by chunk. Peak memory is one
+block of text plus its parsed events plus the kept arrays, whatever the file size.
+
+A cut is validated by the parse itself: a slice that starts at an event and ends inside a
+nested object or a string never parses as a JSON array, so a successful parse proves the cut
+was at depth one. Kineto writes `},` only between events (nested objects close on their own
+line), so the first candidate is right for every torch-written trace; for other writers a
+bracket-and-string scanner finds the boundary.
+
+Errors (missing, truncated or corrupt file, JSON without a `traceEvents` array, a trace with
+no usable events) raise TraceError, whose message starts with the file's path.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from itertools import compress, repeat
+from operator import attrgetter, eq
+from typing import Any, Iterator
+
+import numpy as np
+import orjson
+
+# Trace-event categories the analysis reads. Device work: kernels, memcpys, memsets (per
+# stream). Host work: operators (counted by self time). Step markers: user annotations.
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+CPU_CATS = ("cpu_op",)
+ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+# Annotations worth keeping: vLLM's step markers (execute_...) and torch's ProfilerStep#N.
+ANNOTATION_PREFIXES = ("execute_", "ProfilerStep#")
+
+DEFAULT_CHUNK_BYTES = 32 << 20
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+# Tokens that matter for depth: whole strings (escapes included) and brackets.
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
+
+
+class TraceError(Exception):
+    """A trace file could not be read; the message names the file."""
+
+    def __init__(self, path: Path | str, reason: str):
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+@dataclass
+class Annotation:
+    name: str
+    cat: str
+    start_ns: int
+    end_ns: int
+    lane: int
+    ext_id: int | None = None   # args["External id"]: links a device annotation to its host one
+
+
+@dataclass
+class Trace:
+    """What one rank's trace file holds that the analysis needs.
+
+    Times are integer nanoseconds relative to `base_us` (the first kept event's start,
+    truncated to a whole microsecond): exact arithmetic for unions and self time.
+    """
+
+    path: Path
+    names: list[str]
+    cats: list[str]
+    lanes: list[tuple[Any, Any]]      # (pid, tid); for device events tid is the stream
+    name_id: np.ndarray               # int32, per kept work event
+    cat_id: np.ndarray                # int8
+    lane_id: np.ndarray               # int32
+    start_ns: np.ndarray              # int64
+    dur_ns: np.ndarray                # int64
+    annotations: list[Annotation]
+    base_us: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    events_total: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+
+    @property
+    def n_events(self) -> int:
+        return int(self.name_id.size)
+
+    def has_device_work(self) -> bool:
+        dev = [i for i, c in enumerate(self.cats) if c in DEVICE_CATS]
+        return bool(dev) and bool(np.isin(self.cat_id, dev).any())
+
+
+class _Inflater:
+    """Reads the file (gunzipping it if it starts with the gzip magic) in a background
+    thread and hands over blocks of text: zlib releases the GIL while inflating, so
+    decompression overlaps parsing on a second core. Errors are re-raised in the reader."""
+
+    _END = object()
+
+    def __init__(self, path: Path, block_bytes: int):
+        self.path = path
+        self.block_bytes = block_bytes
+        self.q: queue.Queue = queue.Queue(maxsize=4)
+        self.stop = threading.Event()
+        self.bytes_out = 0
+        try:
+            self.f = open(path, "rb")
+        except OSError as e:
+            raise TraceError(path, f"cannot open: {e.strerror or e}") from e
+        self.thread = threading.Thread(target=self._run, name="trace-inflate", daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            f = self.f
+            gz = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            if not gz:
+                while not self.stop.is_set():
+                    data = f.read(self.block_bytes)
+                    if not data:
+                        break
+                    if not self._put(data):
+                        return
+                self._put(self._END)
+                return
+            d = zlib.decompressobj(31)
+            while not self.stop.is_set():
+                raw = f.read(1 << 20)
+                if not raw:
+                    break
+                out = d.decompress(raw)
+                while d.eof and d.unused_data:  # a multi-member gzip file
+                    rest = d.unused_data
+                    if not rest.strip(b"\0"):
+                        break
+                    d = zlib.decompressobj(31)
+                    out += d.decompress(rest)
+                if out and not self._put(out):
+                    return
+            if self.stop.is_set():
+                return
+            if not d.eof:
+                raise TraceError(self.path, "truncated gzip file (compressed stream ended early)")
+            self._put(self._END)
+        except zlib.error as e:
+            self._put(TraceError(self.path, f"corrupt gzip data: {e}"))
+        except TraceError as e:
+            self._put(e)
+        except OSError as e:
+            self._put(TraceError(self.path, f"read failed: {e}"))
+        except BaseException as e:  # pragma: no cover - unexpected; surface it in the reader
+            self._put(e)
+
+    def blocks(self) -> Iterator[bytes]:
+        while True:
+            item = self.q.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            self.bytes_out += len(item)
+            yield item
+
+    def close(self) -> None:
+        self.stop.set()
+        while True:
+            try:
+                self.q.get_nowait()
+            except queue.Empty:
+                break
+        self.thread.join(timeout=5)
+        self.f.close()
+
+
+# Typed decoding: msgspec builds only these fields and skips the rest (args are kept raw,
+# unparsed, for the few annotations that need their "External id"). 4x faster than a
+# generic parse on Kineto traces. Chunks that do not fit these types (a string ts, a
+# non-object element) are parsed generically with orjson instead.
+try:
+    import msgspec
+
+    class _Ev(msgspec.Struct, gc=False):
+        ph: str = ""
+        cat: str = ""
+        name: str = ""
+        pid: Any = None
+        tid: Any = None
+        ts: float = 0.0
+        dur: float = 0.0
+        args: msgspec.Raw = msgspec.Raw(b"null")
+
+    _FAST = msgspec.json.Decoder(list[_Ev])
+    _FastError = msgspec.DecodeError
+    _FastValidation = msgspec.ValidationError
+except ImportError:  # pragma: no cover - msgspec comes with vLLM; orjson is the fallback
+    _FAST = None
+
+    class _FastError(Exception):  # type: ignore[no-redef]
+        pass
+
+    class _FastValidation(_FastError):  # type: ignore[no-redef]
+        pass
+
+
+def _decode(data: bytes, fast: bool) -> list | None:
+    """Parses a JSON array; None on a syntax error (a cut in the wrong place)."""
+    if fast and _FAST is not None:
+        try:
+            return _FAST.decode(data)
+        except _FastValidation:
+            pass
+        except _FastError:
+            return None
+    try:
+        v = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return v if isinstance(v, list) else None
+
+
+def _scan_cut(buf: bytes) -> int:
+    """Index just past the last '}' that closes a depth-one element of `buf` (which starts
+    inside the events array, at depth one), or -1. Slow path for unusual writers."""
+    depth = 0
+    last = -1
+    for m in _TOKENS.finditer(buf):
+        c = m.group()[0]
+        if c == 0x22:  # a string
+            continue
+        if c in (0x7B, 0x5B):  # { [
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0 and c == 0x7D:
+                last = m.end()
+            elif depth < 0:  # the array closed inside this buffer
+                break
+    return last
+
+
+def _split(buf: bytes, fast: bool) -> tuple[list, bytes] | None:
+    """Parses the longest prefix of `buf` that ends at an event boundary. Returns the
+    events and the rest (starting after the separating comma), or None if no boundary."""
+    end = len(buf)
+    for _ in range(3):
+        i = buf.rfind(b"},", 0, end)
+        if i < 0:
+            break
+        events = _decode(b"[" + buf[: i + 1] + b"]", fast)
+        if events is not None:
+            return events, buf[i + 2:]
+        end = i
+    cut = _scan_cut(buf)
+    if cut > 0:
+        rest = buf[cut:].lstrip()
+        if rest.startswith(b","):
+            events = _decode(b"[" + buf[:cut] + b"]", fast)
+            if events is not None:
+                return events, rest[1:]
+    return None
+
+
+def _split_last(buf: bytes, path: Path, bare: bool, fast: bool) -> tuple[list, dict]:
+    """The last piece: remaining events, the array's ']' and (object form) the other
+    top-level keys. Tries the last few ']' as the array's end, checking the cheap tail
+    first."""
+    end = len(buf)
+    for _ in range(8):
+        i = buf.rfind(b"]", 0, end)
+        if i < 0:
+            break
+        end = i
+        tail = buf[i + 1:].strip()
+        if bare:
+            if tail:
+                continue
+            meta: dict = {}
+        else:
+            t = tail[1:] if tail.startswith(b",") else tail
+            try:
+                meta = orjson.loads(b"{" + t)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(meta, dict):
+                continue
+        events = _decode(b"[" + buf[:i] + b"]", fast)
+        if events is not None:
+            return events, meta
+    what = "array" if bare else "object"
+    try:
+        orjson.loads((b"[" if bare else b'{"traceEvents":[') + buf)
+    except orjson.JSONDecodeError as e:
+        raise TraceError(path, f"not valid JSON (truncated or corrupt file?): {e}") from None
+    raise TraceError(path, f"cannot find the end of the trace {what}")  # pragma: no cover
+
+
+class _Pending:
+    """Decompressed text not parsed yet, as a list of blocks (joined only when parsed)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, b: bytes) -> None:
+        self.parts.append(b)
+        self.size += len(b)
+
+    def set(self, parts: list[bytes]) -> None:
+        self.parts = [p for p in parts if p]
+        self.size = sum(len(p) for p in self.parts)
+
+    def joined(self) -> bytes:
+        if len(self.parts) != 1:
+            self.parts = [b"".join(self.parts)]
+        return self.parts[0] if self.parts else b""
+
+
+def _take(pending: _Pending, fast: bool) -> list | None:
+    """Parses the pending text up to its last event boundary, copying it once (the join
+    that builds the parser's input). Falls back to `_split` on a single buffer."""
+    parts = pending.parts
+    pi = len(parts) - 1
+    end = None
+    for _ in range(3):
+        i = -1
+        while pi >= 0:
+            i = parts[pi].rfind(b"},", 0, end) if end is not None else parts[pi].rfind(b"},")
+            if i >= 0:
+                break
+            pi -= 1
+            end = None
+        if i < 0:
+            break
+        data = b"".join([b"[", *parts[:pi], memoryview(parts[pi])[: i + 1], b"]"])
+        events = _decode(data, fast)
+        if events is not None:
+            pending.set([parts[pi][i + 2:], *parts[pi + 1:]])
+            return events
+        end = i
+    got = _split(pending.joined(), fast)
+    if got is None:
+        return None
+    events, rest = got
+    pending.set([rest])
+    return events
+
+
+def iter_event_chunks(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                      meta: dict | None = None, fast: bool = True) -> Iterator[list]:
+    """Yields the trace's events a chunk at a time: msgspec structs (fields ph, cat, name,
+    pid, tid, ts, dur, args-as-raw-JSON) where the typed decoder fits, else dicts. Top-level
+    keys other than traceEvents go into `meta` (if given) once the file has been read."""
+    path = Path(path)
+    inf = _Inflater(path, block_bytes=max(1 << 16, min(chunk_bytes // 4, 8 << 20)))
+    blocks = inf.blocks()
+    pending = _Pending()
+    eof = False
+
+    def fill(need: int) -> None:
+        nonlocal eof
+        while pending.size < need and not eof:
+            b = next(blocks, None)
+            if b is None:
+                eof = True
+                break
+            pending.add(b)
+
+    try:
+        # 1. Find the start of the events array (an object's traceEvents, or a bare array).
+        header: bytes | None = None
+        while True:
+            fill(pending.size + 1)
+            buf = pending.joined()
+            head = buf.lstrip()
+            if head[:1] == b"[":
+                pending.set([head[1:]])
+                break
+            if head and head[:1] != b"{":
+                raise TraceError(path, "not a JSON trace (expected '{' or '[' at the start)")
+            m = _EVENTS_KEY.search(buf)
+            if m:
+                header = buf[: m.start()]
+                pending.set([buf[m.end():]])
+                break
+            if eof:
+                if not head:
+                    raise TraceError(path, "empty file")
+                try:
+                    orjson.loads(buf)
+                except orjson.JSONDecodeError as e:
+                    raise TraceError(path, f"not valid JSON (truncated or corrupt?): {e}") from None
+                raise TraceError(path, "JSON has no traceEvents array: not a Chrome/Kineto trace")
+        if header is not None:
+            try:
+                h = orjson.loads(header + b'"traceEvents":[]}')
+            except orjson.JSONDecodeError as e:
+                raise TraceError(path, f"not valid JSON before traceEvents: {e}") from None
+            if meta is not None and isinstance(h, dict):
+                h.pop("traceEvents", None)
+                meta.update(h)
+
+        # 2. Events, one chunk at a time; the file's end closes the array (and the object).
+        need = chunk_bytes
+        while True:
+            fill(need)
+            if eof:
+                break
+            events = _take(pending, fast)
+            if events is None:  # no boundary yet (an event larger than a chunk): read more
+                need = pending.size + chunk_bytes
+                continue
+            need = chunk_bytes
+            yield events
+        last, tail = _split_last(pending.joined(), path, header is None, fast)
+        if meta is not None:
+            meta.update(tail)
+            meta["_bytes"] = inf.bytes_out
+        if last:
+            yield last
+    finally:
+        inf.close()
+
+
+_G_CAT, _G_PH, _G_NAME, _G_PID, _G_TID, _G_TS, _G_DUR = (
+    attrgetter(f) for f in ("cat", "ph", "name", "pid", "tid", "ts", "dur"))
+
+
+class _Columns:
+    """Accumulates the kept events of successive chunks as compact arrays.
+
+    Names and lanes are interned with dict.setdefault driven from C (map), so the ids are
+    unique but not contiguous; `finish` renumbers them 0..n-1 in first-seen order."""
+
+    def __init__(self) -> None:
+        cats = DEVICE_CATS + CPU_CATS
+        self.n_work = len(cats)
+        self.code = {c: i for i, c in enumerate(cats + ANNOTATION_CATS)}
+        self.names: dict[str, int] = {}
+        self.lanes: dict[tuple, int] = {}
+        self.next_id = 0
+        self.name_id: list[np.ndarray] = []
+        self.cat_id: list[np.ndarray] = []
+        self.lane_id: list[np.ndarray] = []
+        self.ts: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.annotations: list[tuple[str, str, float, float, int, Any]] = []
+        self.n_total = 0
+
+    def _ids(self, table: dict, make_keys, n: int) -> np.ndarray:
+        """Interned ids of the n keys that make_keys() iterates over."""
+        c0 = self.next_id
+        self.next_id += n
+        try:
+            return np.fromiter(map(table.setdefault, make_keys(), range(c0, c0 + n)),
+                               dtype=np.int64, count=n)
+        except TypeError:  # unhashable ids (a malformed trace): intern their text
+            keys = (tuple(map(repr, k)) if isinstance(k, tuple) else repr(k) for k in make_keys())
+            return np.fromiter(map(table.setdefault, keys, range(c0, c0 + n)),
+                               dtype=np.int64, count=n)
+
+    def _lane(self, pid: Any, tid: Any) -> int:
+        return int(self._ids(self.lanes, lambda: [(pid, tid)], 1)[0])
+
+    def add(self, events: list) -> None:
+        self.n_total += len(events)
+        if events and type(events[0]) is _EvType:
+            self._add_structs(events)
+        else:
+            self._add_generic(events)
+
+    def _add_structs(self, events: list) -> None:
+        n = len(events)
+        code = np.fromiter(map(self.code.get, map(_G_CAT, events), repeat(-1)),
+                           dtype=np.int8, count=n)
+        is_x = np.fromiter(map(eq, map(_G_PH, events), repeat("X")), dtype=bool, count=n)
+        work = (code >= 0) & (code < self.n_work) & is_x
+        k = int(work.sum())
+        if k:
+            kept = list(compress(events, work.tolist())) if k < n else events
+            self.name_id.append(self._ids(self.names, lambda: map(_G_NAME, kept), k))
+            self.cat_id.append(code[work])
+            self.lane_id.append(self._ids(
+                self.lanes, lambda: zip(map(_G_PID, kept), map(_G_TID, kept)), k))
+            self.ts.append(np.fromiter(map(_G_TS, kept), dtype=np.float64, count=k))
+            self.dur.append(np.fromiter(map(_G_DUR, kept), dtype=np.float64, count=k))
+        for i in np.flatnonzero((code >= self.n_work) & is_x).tolist():
+            e = events[i]
+            if not e.name.startswith(ANNOTATION_PREFIXES):
+                continue
+            ext = None
+            try:
+                args = msgspec.json.decode(e.args)
+                if isinstance(args, dict):
+                    ext = args.get("External id")
+            except msgspec.DecodeError:  # pragma: no cover - msgspec validated it
+                pass
+            self.annotations.append((e.name, e.cat, e.ts, e.dur, self._lane(e.pid, e.tid), ext))
+
+    def _add_generic(self, events: list) -> None:
+        nm_l, cid, keys, ts_l, dur_l = [], [], [], [], []
+        n_work = self.n_work
+        for e in events:
+            if type(e) is not dict or e.get("ph") != "X":
+                continue
+            c = e.get("cat")
+            k = self.code.get(c, -1) if type(c) is str else -1
+            if k < 0:
+                continue
+            try:
+                ts = float(e["ts"])
+                dur = float(e.get("dur", 0.0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            nm = e.get("name")
+            if type(nm) is not str:
+                nm = str(nm)
+            if k >= n_work:
+                if nm.startswith(ANNOTATION_PREFIXES):
+                    args = e.get("args")
+                    ext = args.get("External id") if type(args) is dict else None
+                    self.annotations.append((nm, c, ts, dur, self._lane(e.get("pid"), e.get("tid")), ext))
+                continue
+            nm_l.append(nm)
+            cid.append(k)
+            keys.append((e.get("pid"), e.get("tid")))
+            ts_l.append(ts)
+            dur_l.append(dur)
+        if nm_l:
+            self.name_id.append(self._ids(self.names, lambda: nm_l, len(nm_l)))
+            self.cat_id.append(np.array(cid, dtype=np.int8))
+            self.lane_id.append(self._ids(self.lanes, lambda: keys, len(keys)))
+            self.ts.append(np.array(ts_l, dtype=np.float64))
+            self.dur.append(np.array(dur_l, dtype=np.float64))
+
+    @staticmethod
+    def _renumber(table: dict, ids: np.ndarray) -> tuple[list, np.ndarray]:
+        items = sorted(table.items(), key=lambda kv: kv[1])
+        old = np.fromiter((v for _, v in items), dtype=np.int64, count=len(items))
+        lookup = np.zeros(int(old.max()) + 1 if old.size else 1, dtype=np.int32)
+        lookup[old] = np.arange(old.size, dtype=np.int32)
+        return [k for k, _ in items], lookup[ids]
+
+    def finish(self) -> tuple[list[str], list[tuple], np.ndarray, np.ndarray]:
+        names, name_id = self._renumber(self.names, np.concatenate(self.name_id))
+        lanes_all = np.concatenate(self.lane_id)
+        ann_lanes = np.array([a[4] for a in self.annotations], dtype=np.int64)
+        lanes, both = self._renumber(self.lanes, np.concatenate([lanes_all, ann_lanes]))
+        lane_id = both[: lanes_all.size]
+        self.annotations = [(*a[:4], int(l), a[5]) for a, l in
+                            zip(self.annotations, both[lanes_all.size:].tolist())]
+        return names, lanes, name_id, lane_id
+
+
+_EvType = _Ev if _FAST is not None else None
+
+
+def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: bool = True
+               ) -> Trace:
+    """Reads one trace file, keeping only work events (device kernels, memcpys, memsets;
+    CPU operators) and vLLM/torch step annotations. `fast=False` forces the generic orjson
+    path (the one used when msgspec is missing)."""
+    path = Path(path)
+    t0 = time.perf_counter()
+    cols = _Columns()
+    meta: dict[str, Any] = {}
+    for events in iter_event_chunks(path, chunk_bytes, meta, fast):
+        cols.add(events)
+    nbytes = int(meta.pop("_bytes", 0))
+    if cols.n_total == 0:
+        raise TraceError(path, "empty trace: traceEvents holds no events")
+    if not cols.name_id:
+        raise TraceError(path, f"no device kernels/memcpys/memsets and no CPU operator events "
+                               f"among {cols.n_total} events: nothing to analyse")
+    names, lanes, name_id, lane_id = cols.finish()
+    ts = np.concatenate(cols.ts)
+    dur = np.maximum(np.concatenate(cols.dur), 0.0)
+    base = float(np.floor(ts.min()))
+    start_ns = np.rint((ts - base) * 1000.0).astype(np.int64)
+    dur_ns = np.rint(dur * 1000.0).astype(np.int64)
+    annotations = []
+    for nm, c, a_ts, a_dur, ln, ext in cols.annotations:
+        s = int(round((a_ts - base) * 1000.0))
+        annotations.append(Annotation(nm, c, s, s + max(0, int(round(a_dur * 1000.0))), ln,
+                                      ext if type(ext) is int else None))
+    return Trace(
+        path=path,
+        names=names,
+        cats=list(DEVICE_CATS + CPU_CATS),
+        lanes=lanes,
+        name_id=name_id,
+        cat_id=np.concatenate(cols.cat_id),
+        lane_id=lane_id,
+        start_ns=start_ns,
+        dur_ns=dur_ns,
+        annotations=annotations,
+        base_us=base,
+        metadata=meta,
+        events_total=cols.n_total,
+        bytes_read=nbytes,
+        read_s=time.perf_counter() - t0,
+    )

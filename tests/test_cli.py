@@ -1,0 +1,50 @@
+"""The `k25exp` console script: subcommands and its exit status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.conftest import ROOT
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ui_serves_the_store(tmp_path):
+    port = _free_port()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    p = subprocess.Popen([sys.executable, "-m", "k25exp", "ui", "--port", str(port), "--uri", uri],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        deadline, ok = time.monotonic() + 90, False
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                ok = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                break
+            time.sleep(0.5)
+        assert ok, "MLflow UI did not answer /health"
+        r = httpx.get(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10", timeout=10)
+        assert r.status_code == 200 and "experiments" in r.json()
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+def test_no_experiment_is_a_clear_error(k25):
+    r = k25()
+    assert r.returncode == 2
+    assert "no experiment selected: add experiment=NAME" in r.stderr and "nccl_burst" in r.stderr
