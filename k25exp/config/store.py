@@ -22,11 +22,20 @@ from k25exp.dtypes import dtype_bytes
 
 
 def project_root() -> Path:
-    """The folder holding conf/ (a source checkout), or $K25EXP_ROOT when set."""
+    """Where outputs/ goes: $K25EXP_ROOT when set, else the source checkout this package
+    runs from, else (an installed wheel) the working directory."""
     env = os.environ.get("K25EXP_ROOT")
     if env:
         return Path(env).resolve()
-    return Path(__file__).resolve().parents[2]
+    src = Path(__file__).resolve().parents[2]
+    if (src / "pyproject.toml").exists() and (src / "conf").is_dir():
+        return src
+    return Path.cwd().resolve()
+
+
+def conf_dir() -> Path:
+    """The config tree: k25exp/conf (a link to the checkout's conf/, real files in a wheel)."""
+    return Path(__file__).resolve().parents[1] / "conf"
 
 
 def _mul(*xs) -> int | float:

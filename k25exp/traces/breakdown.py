@@ -319,7 +319,6 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
     if not paths:
         raise ValueError("no trace files given")
     rules = rules if rules is not None else load_rules(rules_path)
-    traces_ranks: list[tuple[RankBreakdown, int | None]] = []
     found: list[int | None] = []
     results: list[RankBreakdown] = []
     for p in paths:
@@ -340,5 +339,4 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
         for i, r in enumerate(results):
             r.rank = i
             r.label = f"rank{i}"
-    del traces_ranks
     return Analysis(results, rules, max_steps, warnings)
