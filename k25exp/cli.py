@@ -4,6 +4,7 @@
     k25exp -m experiment=nccl_burst experiment.tokens=1,8,64
     k25exp ui [--port 5000]                          # MLflow UI on the default store
     k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
+    k25exp analyze TRACE... [--json] [--out DIR]     # decode-step breakdown of profiler traces
     k25exp make-model [model=tiny_kimi] [seed=0]     # the embedded model (macro's default)
 """
 
@@ -69,7 +70,44 @@ def _sync(args: list[str]) -> int:
     return 1 if any(w.startswith("skipped") for _, _, w in report) else 0
 
 
-SUBCOMMANDS = {"ui": _ui, "sync": _sync, "make-model": _make_model}
+def _analyze(args: list[str]) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="k25exp analyze",
+                                description="Where each decode step's time goes, from torch.profiler "
+                                            "traces (one per rank, .json or .json.gz).")
+    p.add_argument("traces", nargs="+", type=Path, help="trace files, or folders to search")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--rules", type=Path, help="classification rules YAML (default: conf/trace_rules/default.yaml)")
+    p.add_argument("--max-steps", type=int, help="analyse only the first N decode steps per rank")
+    p.add_argument("--out", type=Path, help="also write tables, plots and JSON into this folder")
+    p.add_argument("--top", type=int, default=30, help="rows of the top-kernels table")
+    a = p.parse_args(args)
+    from k25exp.runners.trace_breakdown import expand
+    from k25exp.traces import RulesError, TraceError, analyze, summary_text, write_outputs
+
+    try:
+        paths = expand([str(x) for x in a.traces], "*.pt.trace.json*")
+        if not paths:
+            raise FileNotFoundError(f"no trace found in {', '.join(map(str, a.traces))}")
+        analysis = analyze(paths, rules_path=a.rules, max_steps=a.max_steps)
+    except (TraceError, RulesError, FileNotFoundError) as e:
+        print(f"k25exp analyze: {e}", file=sys.stderr)
+        return 2
+    if a.out:
+        write_outputs(analysis, a.out, top=a.top)
+    if a.json:
+        print(json.dumps(analysis.to_dict(top=a.top), indent=1))
+    else:
+        print(summary_text(analysis))
+        for w in analysis.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+SUBCOMMANDS = {"ui": _ui, "sync": _sync, "analyze": _analyze, "make-model": _make_model}
 
 
 def main() -> None:

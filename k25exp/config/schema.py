@@ -288,15 +288,17 @@ class MacroConfig:
     input_tokens: int = 128  # exact prompt length, counted by the served tokenizer
     output_tokens: int = 128  # max_tokens with ignore_eos
     seed: int = "${seed}"  # type: ignore[assignment]
-    warmup_requests: int = 2  # before anything is measured; never in the figures
+    warmup: int = 2  # requests sent before anything is measured; never in the figures
     single_stream_requests: int = 8  # one at a time; 0 skips the phase
     concurrency: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
     # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
     # or, when duration_s is set, as many as the level's workers start in that time.
-    requests_per_level: Optional[int] = None
+    iters: Optional[int] = None
     rounds: int = 4
     min_requests: int = 8
     duration_s: Optional[float] = None
+    # Measure only the first N concurrency levels (debug=quick); null = all.
+    limit_points: Optional[int] = None
     request_timeout_s: float = 300.0
     temperature: float = 0.0
     # POST /reset_prefix_cache before each level so levels don't help each other.
@@ -311,6 +313,43 @@ class MacroConfig:
     max_client_lag_ms: float = 20.0
     progress: bool = True
     fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
+
+
+@dataclass
+class ProfileConfig(ExperimentBase):
+    """Phase 3: a torch.profiler capture of the live server's decode, broken down by kernel.
+
+    warmup = requests before the profile window; iters = decode requests inside it;
+    limit_points = analyse only the first N decode steps of each rank.
+    """
+
+    name: str = "profile"
+    warmup: int = 2
+    iters: int = 4
+    concurrency: int = 1  # the batch being profiled
+    input_tokens: int = 32
+    output_tokens: int = 32
+    temperature: float = 0.0
+    seed: int = "${seed}"  # type: ignore[assignment]
+    # /stop_profile blocks while every rank flushes its trace (minutes with stack capture).
+    stop_timeout_s: float = 900.0
+    # Where the server writes traces: its profiler config's torch_profiler_dir (launched
+    # server); for server=endpoint, a folder this machine can read.
+    trace_dir: Optional[str] = None
+    trace_glob: str = "*.pt.trace.json*"
+    rules: Optional[str] = None  # classification rules YAML; null = conf/trace_rules/default.yaml
+    top_kernels: int = 30
+
+
+@dataclass
+class TraceBreakdownConfig(ExperimentBase):
+    """Breakdown of traces someone already has (one file per rank), logged as a run."""
+
+    name: str = "trace_breakdown"
+    paths: List[str] = field(default_factory=list)  # files, or folders searched for trace_glob
+    trace_glob: str = "*.pt.trace.json*"
+    rules: Optional[str] = None
+    top_kernels: int = 30
 
 
 @dataclass
@@ -333,4 +372,6 @@ EXPERIMENT_SCHEMAS: dict[str, type] = {
     "all_to_all": AllToAllConfig,
     "gemm": GemmConfig,
     "macro": MacroConfig,
+    "profile": ProfileConfig,
+    "trace_breakdown": TraceBreakdownConfig,
 }

@@ -23,6 +23,8 @@ from k25exp.config.schema import (
     K25Config,
     MacroConfig,
     NcclBurstConfig,
+    ProfileConfig,
+    TraceBreakdownConfig,
 )
 from k25exp.dtypes import BACKEND_DTYPES, dtype_bytes
 
@@ -174,7 +176,7 @@ def _check_macro(c: K25Config, p: list[str]) -> None:
     srv = c.server
     _positive(exp, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
                                   "request_timeout_s", "max_client_lag_ms"], p)
-    _non_negative(exp, "experiment", ["warmup_requests", "single_stream_requests",
+    _non_negative(exp, "experiment", ["warmup", "single_stream_requests",
                                       "saturation_gain", "temperature"], p)
     if exp.output_tokens == 1:
         p.append("experiment.output_tokens=1: TPOT needs at least 2 output tokens")
@@ -183,8 +185,10 @@ def _check_macro(c: K25Config, p: list[str]) -> None:
                  "positive integers")
     elif len(set(exp.concurrency)) != len(exp.concurrency):
         p.append(f"experiment.concurrency={exp.concurrency}: levels must be distinct (each is a step)")
-    if exp.requests_per_level is not None and exp.requests_per_level <= 0:
-        p.append(f"experiment.requests_per_level={exp.requests_per_level}: expected > 0 or null")
+    for key in ("iters", "limit_points"):
+        v = getattr(exp, key)
+        if v is not None and v <= 0:
+            p.append(f"experiment.{key}={v}: expected a positive number or null")
     if exp.duration_s is not None and exp.duration_s <= 0:
         p.append(f"experiment.duration_s={exp.duration_s}: expected > 0 or null")
     f = exp.fault
@@ -220,6 +224,33 @@ def _check_macro(c: K25Config, p: list[str]) -> None:
                  "tokenizer (folder or hub id) builds prompts of exact token lengths")
 
 
+def _check_profile(c: K25Config, p: list[str]) -> None:
+    exp: ProfileConfig = c.experiment
+    _positive(exp, "experiment", ["iters", "concurrency", "input_tokens", "stop_timeout_s",
+                                  "top_kernels"], p)
+    _non_negative(exp, "experiment", ["warmup"], p)
+    if exp.output_tokens < 2:
+        p.append(f"experiment.output_tokens={exp.output_tokens}: expected >= 2 (a decode step "
+                 "needs a token after the first)")
+    prof = c.server.profiler or {}
+    if c.server.kind == "vllm":
+        d = prof.get("torch_profiler_dir")
+        if prof.get("profiler") != "torch" or not d or not str(d).startswith("/"):
+            p.append(f"server.profiler={dict(prof) or None}: experiment=profile needs "
+                     "{profiler: torch, torch_profiler_dir: <absolute folder>}")
+    elif not exp.trace_dir:
+        p.append("experiment.trace_dir: required with server=endpoint (the folder where that "
+                 "server's --profiler-config writes traces, readable from here)")
+
+
+def _check_trace_breakdown(c: K25Config, p: list[str]) -> None:
+    exp: TraceBreakdownConfig = c.experiment
+    if not exp.paths:
+        p.append("experiment.paths=[]: expected trace files or folders, e.g. "
+                 "'experiment.paths=[/data/traces]'")
+    _positive(exp, "experiment", ["top_kernels"], p)
+
+
 def _check_model(c: K25Config, p: list[str]) -> None:
     m = c.model
     _positive(m, "model", ["hidden_size", "num_hidden_layers", "n_routed_experts",
@@ -242,6 +273,10 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
         _check_gemm(c, problems)
     if isinstance(c.experiment, MacroConfig):
         _check_macro(c, problems)
+    if isinstance(c.experiment, ProfileConfig):
+        _check_profile(c, problems)
+    if isinstance(c.experiment, TraceBreakdownConfig):
+        _check_trace_breakdown(c, problems)
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 

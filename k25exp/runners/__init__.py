@@ -7,24 +7,25 @@ that fails raises after logging what it had measured.
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
-from k25exp.config.schema import AllReduceSweepConfig, AllToAllConfig, GemmConfig, NcclBurstConfig
-from k25exp.runners import all_to_all, allreduce_sweep, gemm, nccl_burst
-from k25exp.config.schema import MacroConfig
-from k25exp.runners import macro
-
-RUNNERS: dict[type, Callable] = {
-    NcclBurstConfig: nccl_burst.run,
-    AllReduceSweepConfig: allreduce_sweep.run,
-    AllToAllConfig: all_to_all.run,
-    GemmConfig: gemm.run,
-    MacroConfig: macro.run,
+# Experiment name → module holding its `run`; imported on demand, so a collective job does
+# not pay for the serving stack's imports (transformers, httpx) and vice versa.
+RUNNERS: dict[str, str] = {
+    "nccl_burst": "k25exp.runners.nccl_burst",
+    "allreduce_sweep": "k25exp.runners.allreduce_sweep",
+    "all_to_all": "k25exp.runners.all_to_all",
+    "gemm": "k25exp.runners.gemm",
+    "macro": "k25exp.runners.macro",
+    "profile": "k25exp.runners.profile",
+    "trace_breakdown": "k25exp.runners.trace_breakdown",
 }
 
 
 def runner_for(experiment: object) -> Callable:
-    try:
-        return RUNNERS[type(experiment)]
-    except KeyError:
-        raise KeyError(f"no runner for experiment config {type(experiment).__name__}") from None
+    name = getattr(experiment, "name", None)
+    if name not in RUNNERS:
+        raise KeyError(f"no runner for experiment {name!r} ({type(experiment).__name__}); "
+                       f"known: {sorted(RUNNERS)}")
+    return importlib.import_module(RUNNERS[name]).run

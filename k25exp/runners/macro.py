@@ -2,7 +2,7 @@
 
 Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer's count),
 `output_tokens` generated with ignore_eos, greedy, a fixed seed:
-  1. warm-up: `warmup_requests` one at a time, recorded as phase "warmup", never in figures;
+  1. warm-up: `warmup` requests one at a time, recorded as phase "warmup", never in figures;
   2. single stream: `single_stream_requests` one at a time → single_stream_* figures;
   3. sweep: for each concurrency C a closed loop of C workers → figures at step C.
 The prefix cache is reset before phases 2 and 3 and before every level, so no level reuses
@@ -66,8 +66,8 @@ LEVEL_METRICS = {  # logged at step = concurrency
 
 
 def requests_for(exp: MacroConfig, c: int) -> int:
-    if exp.requests_per_level is not None:
-        return exp.requests_per_level
+    if exp.iters is not None:
+        return exp.iters
     return max(exp.min_requests, exp.rounds * c)
 
 
@@ -79,8 +79,12 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     try:
         conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
                        on_generate=generated.append)
-    except ServerError:
+    except ServerError as e:
         rec.log_metrics({"server_starts": 0})
+        log_path = getattr(e, "log_path", None)
+        if log_path and Path(log_path).exists():  # a start that failed: keep its whole log
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "server.log").write_bytes(Path(log_path).read_bytes())
         raise
     if generated:
         rec.log_metrics({"model_generate_s": time.perf_counter() - t})
@@ -257,14 +261,14 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             return res
 
         with _Progress(exp.progress) as progress:
-            if exp.warmup_requests:
-                await phase("warmup", 1, 1, exp.warmup_requests, None, WARMUP_PROMPTS, progress)
+            if exp.warmup:
+                await phase("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS, progress)
                 _check_alive(conn, "warm-up")
             if exp.single_stream_requests:
                 await _reset_prefix_cache(http, cache)
                 before = await _scrape(http, conn.model)
                 res = await phase("single", 1, 1, exp.single_stream_requests, None, 0, progress)
-                _check_alive(conn, "the single-stream phase", res)
+                _check_alive(conn, "the single-stream phase")
                 figs = level_figures(res["records"], res["wall_s"], res["cpu_s"],
                                      res["loop_lag_ms"], exp.max_client_lag_ms,
                                      exp.output_tokens, exp.input_tokens)
@@ -288,7 +292,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 if src:
                     rec.set_tags({f"server_metrics.{k}": v for k, v in src.items()})
 
-            for c in exp.concurrency:
+            for c in exp.concurrency[:exp.limit_points]:
                 await _reset_prefix_cache(http, cache)
                 before = await _scrape(http, conn.model)
                 n = None if exp.duration_s else requests_for(exp, c)
@@ -346,7 +350,7 @@ async def _settle(http: httpx.AsyncClient, conn: Connection, timeout_s: float = 
         await asyncio.sleep(0.2)
 
 
-def _check_alive(conn: Connection, what: str, res: Optional[dict] = None) -> None:
+def _check_alive(conn: Connection, what: str) -> None:
     if not conn.alive():
         raise ServerDied(f"vLLM died during {what}; last lines of its log:\n{conn.log_tail()}")
 
@@ -377,7 +381,9 @@ def _finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: di
                         "loop = client loop lag (mean); cpu = client cores busy")
     print(text, flush=True)
     pdir = out / "plots"
-    plots.sweep(pdir / "throughput_vs_concurrency.png", levels, {"output tok/s": tput},
+    lagged = [t if not f["valid"] else None for t, (_, f) in zip(tput, measured)]
+    plots.sweep(pdir / "throughput_vs_concurrency.png", levels,
+                {"output tok/s": tput, "invalid: the client lagged": lagged},
                 "concurrency", "output tokens / s", "Throughput vs concurrency",
                 vline=sat, vline_label=f"saturation (gain < {exp.saturation_gain:.0%})")
     plots.sweep(pdir / "tpot_vs_concurrency.png", levels,

@@ -37,8 +37,10 @@ class CompletionClient:
         self.continuous_usage = continuous_usage
         self.temperature = temperature
         self.seed = seed
+        # Idle connections are dropped after 1 s, well before the server's keep-alive timeout
+        # (uvicorn's 5 s): reusing one the server is closing at that moment fails the request.
         limits = httpx.Limits(max_connections=max_connections,
-                              max_keepalive_connections=max_connections)
+                              max_keepalive_connections=max_connections, keepalive_expiry=1.0)
         self.http = httpx.AsyncClient(
             base_url=base_url, limits=limits, headers=auth_headers(api_key),
             timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)))

@@ -40,6 +40,7 @@ from k25exp.config.schema import ModelConfig, ServerConfig
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+STARTUP_STOP_GRACE_S = 3.0
 
 
 class ServerError(RuntimeError):
@@ -309,8 +310,12 @@ class ManagedServer:
         log.info("vLLM starting (pid %d, port %d, log %s)", self.proc.pid, self.port, self.log_path)
         try:
             self._wait_ready(t0)
-        except BaseException:
-            self.stop()
+        except BaseException as e:
+            # Not ready yet: nothing worth a graceful shutdown (and vLLM half-way through its
+            # start can sit on SIGTERM for the whole timeout).
+            self.stop(grace_s=STARTUP_STOP_GRACE_S)
+            if isinstance(e, ServerError):
+                e.log_path = self.log_path  # the runner keeps it as an artifact
             raise
         self.start_s = time.perf_counter() - t0
         self.remember_tree()
@@ -392,8 +397,9 @@ class ManagedServer:
             except ProcessLookupError:
                 pass
 
-    def stop(self) -> None:
-        """SIGTERM to every process of the server, SIGKILL to what's left after the timeout."""
+    def stop(self, grace_s: Optional[float] = None) -> None:
+        """SIGTERM to every process of the server, SIGKILL to what's left after `grace_s`
+        (default: the spec's stop_timeout_s)."""
         if self.proc is None or self.stopped:
             return
         self.stopped = True
@@ -406,7 +412,7 @@ class ManagedServer:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + self.spec.stop_timeout_s
+        deadline = time.monotonic() + (self.spec.stop_timeout_s if grace_s is None else grace_s)
         while time.monotonic() < deadline:
             self.proc.poll()
             if not self.pids():
@@ -516,14 +522,7 @@ def wait_endpoint(base_url: str, served_model_name: str, key: Optional[str],
                     if served_model_name not in names:
                         raise ServerError(f"endpoint {base_url} serves {names}, not "
                                           f"{served_model_name!r} (server.served_model_name)")
-                    info = {"models": names}
-                    try:
-                        v = c.get("/version")
-                        if v.status_code == 200:
-                            info["version"] = v.json().get("version", "")
-                    except (httpx.HTTPError, ValueError):
-                        pass
-                    return info
+                    return {"models": names, **server_version(c)}
                 if r.status_code in (401, 403):
                     raise ServerError(f"endpoint {base_url} refused the API key (HTTP {r.status_code}); "
                                       "set server.api_key_env to the variable holding it")
@@ -534,6 +533,17 @@ def wait_endpoint(base_url: str, served_model_name: str, key: Optional[str],
                 raise ServerError(f"endpoint {base_url} unreachable after {timeout_s:.0f} s "
                                   f"(server.ready_timeout_s): {last}")
             time.sleep(0.5)
+
+
+def server_version(c: httpx.Client) -> dict:
+    """{'version': '0.32.0'} from vLLM's GET /version; {} when the server has none."""
+    try:
+        v = c.get("/version")
+        if v.status_code == 200:
+            return {"version": str(v.json().get("version", ""))}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    return {}
 
 
 @dataclass
@@ -571,7 +581,9 @@ def connect(server: ServerConfig, model: ModelConfig, seed: int, device: str,
         on_generate(path)
     spec = launch_spec(server, path, device)
     srv, started = acquire(spec)
+    with httpx.Client(base_url=srv.base_url, timeout=5.0) as c:
+        version = server_version(c)
     return Connection(srv.base_url, server.served_model_name, key, managed=srv, started=started,
                       start_s=srv.start_s if started else None,
                       log_offset=0 if started else srv.log_size(),
-                      info={"pid": srv.pid, "key": srv.key, "model_path": str(path)})
+                      info={"pid": srv.pid, "key": srv.key, "model_path": str(path), **version})

@@ -34,7 +34,14 @@ import numpy as np
 
 from k25exp import stats
 from k25exp.traces.intervals import Windows, self_time_segments, union
-from k25exp.traces.reader import CPU_CATS, DEVICE_CATS, DEFAULT_CHUNK_BYTES, Trace, read_trace
+from k25exp.traces.reader import (
+    CPU_CATS,
+    DEFAULT_CHUNK_BYTES,
+    DEVICE_CATS,
+    Trace,
+    TraceError,
+    read_trace,
+)
 from k25exp.traces.rules import Rules, load_rules
 from k25exp.traces.steps import Step, select_steps
 
@@ -183,8 +190,11 @@ class Analysis:
             "across_ranks": self.across_ranks(),
             "ranks": [_rank_dict(r, top) for r in self.ranks],
             "top_kernels": [_kernel_dict(k, s) for k, s in self.top_kernels(top)],
-            "warnings": self.warnings + [f"{r.label}: {w}" for r in self.ranks for w in r.warnings],
+            "warnings": self.all_warnings(),
         }
+
+    def all_warnings(self) -> list[str]:
+        return self.warnings + [f"{r.label}: {w}" for r in self.ranks for w in r.warnings]
 
 
 def _kernel_dict(k: KernelStat, share: float) -> dict:
@@ -216,7 +226,8 @@ def _attribute(cat_of: np.ndarray, s: np.ndarray, e: np.ndarray, n_cat: int, win
     busy [steps, n_cat], raw busy [steps, n_cat] and work [steps]."""
     n_steps = win.s.size
     unions = [union(s[cat_of == c], e[cat_of == c]) for c in range(n_cat)]
-    bounds = np.unique(np.concatenate([win.s, win.e] + [a for u in unions for a in u]))
+    bounds = np.sort(np.concatenate([win.s, win.e] + [a for u in unions for a in u]))
+    bounds = bounds[np.r_[True, bounds[1:] != bounds[:-1]]]
     left = bounds[:-1]
     length = np.diff(bounds).astype(np.float64)
     step = win.index(left)
@@ -255,6 +266,8 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     steps = sel.steps
     win = Windows(np.array([st.start_ns for st in steps], dtype=np.int64),
                   np.array([st.end_ns for st in steps], dtype=np.int64))
+    if win.len.sum() <= 0:
+        raise TraceError(trace.path, "nothing to analyse: the work events have no duration")
 
     # Category of every (name, trace category) pair, then of every event.
     idx = np.flatnonzero(mask)
@@ -265,7 +278,8 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     pair_cat = np.array([cat_index[rules.classify(trace.names[p // n_cats_trace],
                                                   trace.cats[p % n_cats_trace])]
                          for p in upair.tolist()], dtype=np.int16)
-    ev_pair = pair_inv.astype(np.int64)
+    ev_pair = pair_inv.astype(np.int32)
+    del pair, pair_inv
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
     if device:

@@ -108,14 +108,14 @@ def _self_segments_nested(s: np.ndarray, e: np.ndarray, ids: np.ndarray):
     parent's end).
     """
     n = s.size
-    idx = np.arange(n)
-    depth = idx - np.searchsorted(np.sort(e), s, side="right")
-    parent = np.full(n, -1, dtype=np.int64)
+    idx = np.arange(n, dtype=np.int32)
+    depth = (idx - np.searchsorted(np.sort(e), s, side="right")).astype(np.int32)
+    parent = np.full(n, -1, dtype=np.int32)
     max_depth = int(depth.max()) if n else 0
     if max_depth > 0:
-        prev = np.flatnonzero(depth == 0)
+        prev = np.flatnonzero(depth == 0).astype(np.int32)
         for d in range(1, max_depth + 1):
-            cur = np.flatnonzero(depth == d)
+            cur = np.flatnonzero(depth == d).astype(np.int32)
             if cur.size == 0:
                 break
             pos = np.searchsorted(prev, cur) - 1
@@ -123,6 +123,7 @@ def _self_segments_nested(s: np.ndarray, e: np.ndarray, ids: np.ndarray):
                 return None
             parent[cur] = prev[pos]
             prev = cur
+    del depth
     has_p = parent >= 0
     p = parent[has_p]
     if np.any(s[has_p] < s[p]) or np.any(e[has_p] > e[p]):
@@ -130,17 +131,19 @@ def _self_segments_nested(s: np.ndarray, e: np.ndarray, ids: np.ndarray):
     roots = ~has_p
     if np.any(s[roots][1:] < e[roots][:-1]):  # top-level operators must not overlap
         return None
-    nxt = np.r_[parent[1:], -2]
-    first_child = nxt == idx
-    a_end = np.where(first_child, np.r_[s[1:], 0], e)
-    after = np.searchsorted(s, e, side="left")
-    after_c = np.minimum(after, n - 1)
-    sibling = (after < n) & (parent[after_c] == parent) & has_p
-    b_end = np.where(sibling, s[after_c], e[np.maximum(parent, 0)])
-    seg_s = np.concatenate([s, e[has_p]])
-    seg_e = np.concatenate([a_end, b_end[has_p]])
-    seg_i = np.concatenate([ids, ids[p]])
-    return seg_s, seg_e, seg_i
+    # [s_i, first child's start or e_i) -> i
+    first_child = np.zeros(n, dtype=bool)
+    first_child[:-1] = parent[1:] == idx[:-1]
+    a_end = e.copy()
+    a_end[:-1][first_child[:-1]] = s[1:][first_child[:-1]]
+    del first_child
+    # [e_i, next sibling's start or the parent's end) -> parent
+    after = np.minimum(np.searchsorted(s, e, side="left"), n - 1).astype(np.int32)
+    sibling = (after > idx) & (parent[after] == parent) & has_p
+    b_end = np.where(sibling, s[after], e[np.maximum(parent, 0)])[has_p]
+    del after, sibling
+    return (np.concatenate([s, e[has_p]]), np.concatenate([a_end, b_end]),
+            np.concatenate([ids, ids[p]]))
 
 
 def self_time_segments(starts: np.ndarray, ends: np.ndarray, lanes: np.ndarray,
@@ -150,13 +153,13 @@ def self_time_segments(starts: np.ndarray, ends: np.ndarray, lanes: np.ndarray,
     twice (self time = duration minus the union of direct children). Returns segments
     (start, end, id of the owning operator); zero-length ones are dropped."""
     keep = ends > starts
-    order = np.lexsort((-ends[keep], starts[keep], lanes[keep]))
-    s_all = starts[keep][order]
-    e_all = ends[keep][order]
-    l_all = lanes[keep][order]
-    i_all = ids[keep][order]
-    cuts = np.flatnonzero(np.diff(l_all)) + 1
-    bounds = np.r_[0, cuts, l_all.size]
+    if not keep.all():
+        starts, ends, lanes, ids = starts[keep], ends[keep], lanes[keep], ids[keep]
+    order = np.lexsort((-ends, starts, lanes))
+    s_all, e_all, l_all, i_all = starts[order], ends[order], lanes[order], ids[order]
+    del order
+    cuts = np.flatnonzero(l_all[1:] != l_all[:-1]) + 1
+    bounds = [0, *cuts.tolist(), l_all.size]
     out_s, out_e, out_i = [], [], []
     for a, b in zip(bounds[:-1], bounds[1:]):
         s, e, i = s_all[a:b], e_all[a:b], i_all[a:b]
@@ -165,12 +168,12 @@ def self_time_segments(starts: np.ndarray, ends: np.ndarray, lanes: np.ndarray,
             ls, le, li = _self_segments_sweep(s, e, i)
             got = (np.asarray(ls, dtype=np.int64), np.asarray(le, dtype=np.int64),
                    np.asarray(li, dtype=i.dtype))
-        out_s.append(got[0]); out_e.append(got[1]); out_i.append(got[2])
+        pos = got[1] > got[0]
+        out_s.append(got[0][pos]); out_e.append(got[1][pos]); out_i.append(got[2][pos])
+        del got, pos
     if not out_s:
         z = np.zeros(0, dtype=np.int64)
         return z, z, z.astype(ids.dtype)
-    seg_s = np.concatenate(out_s)
-    seg_e = np.concatenate(out_e)
-    seg_i = np.concatenate(out_i)
-    pos = seg_e > seg_s
-    return seg_s[pos], seg_e[pos], seg_i[pos]
+    if len(out_s) == 1:
+        return out_s[0], out_e[0], out_i[0]
+    return np.concatenate(out_s), np.concatenate(out_e), np.concatenate(out_i)

@@ -17,7 +17,6 @@ A name no rule matches is `other`. `idle` is reserved (time without work in a st
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +33,9 @@ class RulesError(ValueError):
 
 
 def default_rules_path() -> Path:
-    """conf/trace_rules/default.yaml of the project ($K25EXP_ROOT or the source checkout)."""
-    env = os.environ.get("K25EXP_ROOT")
-    root = Path(env).resolve() if env else Path(__file__).resolve().parents[2]
-    return root / "conf" / "trace_rules" / "default.yaml"
+    """conf/trace_rules/default.yaml, through the package's config tree k25exp/conf (a link
+    to the checkout's conf/; real files in an installed wheel)."""
+    return Path(__file__).resolve().parents[1] / "conf" / "trace_rules" / "default.yaml"
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,10 @@ def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = 
     if clipped:
         warnings.append(f"{clipped} step windows overlapped the next step and were cut at its start")
     decode = [s for s in decode if s.end_ns > s.start_ns]
+    if not decode:
+        warnings.append("every pure decode step annotation has zero length: analysing the "
+                        "whole window as one step")
+        return StepSelection([_window(trace, work_mask)], "window", annotated, n_decode, warnings)
     if max_steps is not None and max_steps > 0:
         decode = decode[:max_steps]
     return StepSelection(decode, source, annotated, n_decode, warnings)

@@ -20,7 +20,7 @@ from tests.test_job import artifact_paths
 
 TINY = ["experiment=macro", "server.port=0", "experiment.input_tokens=16",
         "experiment.concurrency=[1,2]", "experiment.single_stream_requests=2",
-        "experiment.warmup_requests=1", "experiment.rounds=2", "experiment.min_requests=2"]
+        "experiment.warmup=1", "experiment.rounds=2", "experiment.min_requests=2"]
 CONTRACT = {"ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90",
             "tpot_ms_p99", "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50", "e2e_ms_p99",
             "output_tok_s", "request_s", "errors", "server_tpot_ms_mean", "server_ttft_ms_mean",
@@ -92,15 +92,16 @@ def test_unreachable_endpoint_fails_the_run_with_a_clear_error(k25, tmp_path):
 
 
 def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(tmp_path):
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # Ctrl-C once the engine and its TP workers exist (the most processes to stop); SIGTERM
+    # as soon as the API server process exists (before it has started anything itself).
+    for sig, stage in ((signal.SIGINT, "Worker"), (signal.SIGTERM, "vllm.entrypoints")):
         out = tmp_path / sig.name
         p = subprocess.Popen([sys.executable, "-m", "k25exp", *TINY, "tracking=none",
                               f"paths.outputs={out}"], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120
-            # wait until the engine and its TP workers exist: the worst moment to be stopped
-            while not any("Worker" in c for _, c in vllm_processes()):
+            while not any(stage in c for _, c in vllm_processes()):
                 assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()[-3000:]
                 time.sleep(0.2)
             p.send_signal(sig)

@@ -1,4 +1,5 @@
-"""One real vLLM CPU server for the whole session: started once, shared, stopped at the end.
+"""One real vLLM CPU server for the tests of this package: started once, shared, stopped after
+the package's last test (so it neither holds memory nor competes for cores afterwards).
 
 The macro runner finds it through the server registry (same launch key), exactly as the jobs
 of a multirun do, so every in-process test reuses it instead of paying another start.
@@ -19,7 +20,7 @@ API_KEY_ENV = "K25EXP_TEST_API_KEY"
 SECRET = "sk-k25exp-test-7f3a9c"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm(tmp_path_factory):
     """{'overrides': the server's config overrides, 'conn': its Connection, 'cfg': typed}."""
     os.environ[API_KEY_ENV] = SECRET

@@ -19,7 +19,7 @@ from tests.serving.conftest import API_KEY_ENV, SECRET
 
 SMALL = ["experiment.input_tokens=32", "experiment.output_tokens=16",
          "experiment.concurrency=[1,2,4]", "experiment.single_stream_requests=4",
-         "experiment.warmup_requests=1", "experiment.rounds=2", "experiment.min_requests=4",
+         "experiment.warmup=1", "experiment.rounds=2", "experiment.min_requests=4",
          "experiment.progress=false"]
 
 
@@ -110,7 +110,7 @@ def test_endpoint_mode_attaches_and_never_logs_the_key(vllm, tmp_path):
     conn = vllm["conn"]
     endpoint = ["experiment=macro", "server=endpoint", f"server.base_url={conn.base_url}",
                 f"server.tokenizer={conn.info['model_path']}", "experiment.concurrency=[2]",
-                "experiment.single_stream_requests=0", "experiment.warmup_requests=0",
+                "experiment.single_stream_requests=0", "experiment.warmup=0",
                 "experiment.input_tokens=16", "experiment.output_tokens=4",
                 "experiment.progress=false"]
     _, rec, summary = run_macro(tmp_path, *endpoint, f"server.api_key_env={API_KEY_ENV}")

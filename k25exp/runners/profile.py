@@ -1,0 +1,141 @@
+"""profile: a torch.profiler capture of the live server's decode, broken down by kernel.
+
+The server must run with vLLM's --profiler-config (conf/experiment/profile.yaml sets it; the
+server manager restarts a running server only if its settings differ). Steps:
+warm-up requests (outside the window) → POST /start_profile → `iters` decode requests at
+`concurrency` → POST /stop_profile (blocks while every rank flushes) → every trace written
+since the window opened is copied into the run (traces/) and analysed (k25exp.traces).
+The requests' latencies are recorded (requests.jsonl) but never logged as figures: the
+profiler slows the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from k25exp.config.schema import K25Config, ProfileConfig, TraceBreakdownConfig
+from k25exp.runners.macro import _copy_log, _record_server
+from k25exp.serving.client import CompletionClient, run_level
+from k25exp.serving.prompts import PromptBuilder, load_tokenizer
+from k25exp.serving.server import Connection, ServerError, connect
+from k25exp.traces import analyze, summary_text, write_outputs
+from k25exp.tracking.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+class ProfileError(RuntimeError):
+    pass
+
+
+def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
+    exp: ProfileConfig = cfg.experiment
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    trace_dir = _trace_dir(cfg)
+    conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device)
+    _record_server(cfg, conn, rec)
+    rec.set_tags({"profile.note": "latencies under the profiler are not performance figures "
+                  "and are not logged; see experiment=macro",
+                  "profile.trace_dir": str(trace_dir)})
+    try:
+        window_s, stop_s, since = asyncio.run(_capture(cfg, conn, out))
+    finally:
+        _copy_log(conn, out)
+    rec.log_metrics({"profile_window_s": window_s, "stop_profile_s": stop_s})
+    traces = sorted(p for p in trace_dir.rglob(exp.trace_glob) if p.stat().st_mtime >= since)
+    # vLLM's API server writes a trace of its own (*async_llm*): host-side only, no steps.
+    traces = [p for p in traces if "async_llm" not in p.name]
+    if not traces:
+        raise ProfileError(f"no trace matching {exp.trace_glob!r} appeared in {trace_dir} after "
+                           "/stop_profile; is the server's torch_profiler_dir readable from here?")
+    kept = out / "traces"
+    kept.mkdir(parents=True, exist_ok=True)
+    copies = [Path(shutil.copy2(p, kept / p.name)) for p in traces]
+    return breakdown(copies, exp, out, rec)
+
+
+def breakdown(paths: list[Path], exp: ProfileConfig | TraceBreakdownConfig, out: Path,
+              rec: Recorder) -> dict[str, float]:
+    """Analyse traces, write tables/plots/JSON into out/breakdown, log the figures."""
+    t = time.perf_counter()
+    analysis = analyze(paths, rules_path=Path(exp.rules) if exp.rules else None,
+                       max_steps=exp.limit_points)
+    metrics = write_outputs(analysis, out / "breakdown", top=exp.top_kernels)
+    metrics["analyse_s"] = time.perf_counter() - t
+    rec.log_metrics(metrics)
+    rec.set_tags({"traces": ",".join(p.name for p in paths)[:5000],
+                  "trace.step_source": ",".join(sorted({r.step_source for r in analysis.ranks}))})
+    for w in analysis.warnings:
+        log.warning("%s", w)
+    print(summary_text(analysis), flush=True)
+    return metrics
+
+
+def _trace_dir(cfg: K25Config) -> Path:
+    exp: ProfileConfig = cfg.experiment
+    if exp.trace_dir:
+        return Path(exp.trace_dir)
+    prof = cfg.server.profiler or {}
+    if cfg.server.kind == "vllm" and prof.get("torch_profiler_dir"):
+        return Path(prof["torch_profiler_dir"])
+    raise ProfileError("no trace folder: set server.profiler.torch_profiler_dir (launched server) "
+                       "or experiment.trace_dir (server=endpoint: a folder this machine can read)")
+
+
+async def _capture(cfg: K25Config, conn: Connection, out: Path) -> tuple[float, float, float]:
+    exp: ProfileConfig = cfg.experiment
+    tok_path = cfg.server.tokenizer or conn.info.get("model_path")
+    if not tok_path:
+        raise ServerError("no tokenizer: set server.tokenizer")
+    prompt = PromptBuilder(load_tokenizer(tok_path, cfg.server.trust_remote_code),
+                           exp.input_tokens, exp.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(out / "requests.jsonl", "wb") as jsonl:
+        def keep(r: dict) -> None:
+            jsonl.write(orjson.dumps(r) + b"\n")
+
+        async with CompletionClient(conn.base_url, conn.model, conn.api_key,
+                                    max_connections=exp.concurrency + 4,
+                                    temperature=exp.temperature, seed=exp.seed) as client:
+            common = dict(concurrency=exp.concurrency, max_tokens=exp.output_tokens, t0=t0,
+                          input_tokens=exp.input_tokens, on_record=keep,
+                          should_stop=lambda: not conn.alive())
+            if exp.warmup:
+                await run_level(client, lambda i: prompt(1_000_000 + i), phase="warmup", level=0,
+                                n_requests=exp.warmup, **common)
+            http = client.http
+            since = time.time() - 1.0  # file mtimes have coarse resolution on some filesystems
+            await _post(http, "/start_profile", 60.0)
+            w0 = time.perf_counter()
+            res = await run_level(client, prompt, phase="profiled", level=exp.concurrency,
+                                  n_requests=exp.iters, **common)
+            window_s = time.perf_counter() - w0
+            s0 = time.perf_counter()
+            await _post(http, "/stop_profile", exp.stop_timeout_s)
+            stop_s = time.perf_counter() - s0
+    failed = [r for r in res["records"] if not r["ok"]]
+    if failed:
+        raise ProfileError(f"{len(failed)} of {len(res['records'])} profiled requests failed: "
+                           f"{failed[0].get('error')}")
+    log.info("profile window %.1f s, /stop_profile %.1f s", window_s, stop_s)
+    return window_s, stop_s, since
+
+
+async def _post(http: httpx.AsyncClient, path: str, timeout_s: float) -> None:
+    try:
+        r = await http.post(path, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise ProfileError(f"POST {path} failed: {type(e).__name__}: {e}") from e
+    if r.status_code == 404:
+        raise ProfileError(f"POST {path}: 404 — the server was started without "
+                           "--profiler-config (set server.profiler)")
+    if r.status_code >= 400:
+        raise ProfileError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
