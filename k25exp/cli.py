@@ -101,9 +101,7 @@ def _analyze(args: list[str]) -> int:
     if a.json:
         print(json.dumps(analysis.to_dict(top=a.top), indent=1))
     else:
-        print(summary_text(analysis))
-        for w in analysis.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+        print(summary_text(analysis))  # warnings included
     return 0
 
 

@@ -245,7 +245,6 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 nonlocal errors, done
                 errors += not r["ok"]
                 done += 1
-                jsonl.write(orjson.dumps(r) + b"\n")
                 progress.update(task, r, errors)
                 if kill_here and not killed["done"] and done >= f.after_requests:
                     killed["done"] = True  # the fault hook: a crash, as SIGKILL of every process
@@ -257,6 +256,9 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                   n_requests=n, duration_s=duration,
                                   input_tokens=exp.input_tokens, on_record=on_record,
                                   should_stop=dead)
+            # Written once the level is over: no disk I/O in the event loop while it measures
+            # (a write stalled by other processes' writeback would show up as client lag).
+            jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
             jsonl.flush()
             return res
 
