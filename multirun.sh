@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The campaign as Hydra multiruns, one phase after another, all tagged with one campaign id.
 #
-#   ./multirun.sh                                   # the embedded default (CPU, gloo, local MLflow)
-#   ./multirun.sh hardware=rtx_pro_6000_x8_pcie     # extra args go to every phase as overrides
+#   ./multirun.sh                                   # the embedded default (CPU, gloo, local MLflow, tiny_kimi)
+#   ./multirun.sh hardware=rtx_pro_6000_x8_pcie model=kimi_k25_int4 server.model_path=/models/Kimi-K2.5
+#                                                   # extra args go to every phase as overrides
 #   PHASES="nccl_burst all_to_all" ./multirun.sh    # a subset of phases
 #
 # Environment: K25EXP_CAMPAIGN (default: campaign-<UTC time>), MLFLOW_TRACKING_URI (default:
@@ -15,7 +16,7 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
-PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all gemm}"
+PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all gemm macro profile}"
 
 declare -A SWEEP=(
   # phase            extra sweep arguments (Hydra multirun syntax)
@@ -23,7 +24,16 @@ declare -A SWEEP=(
   [allreduce_sweep]=""
   [all_to_all]=""
   [gemm]=""
+  [macro]=""
+  [profile]=""
 )
+
+# A campaign keeps one model across its phases. Unless one is given, it is the embedded
+# default's servable model (tiny_kimi), so the collective and GEMM phases measure the sizes
+# of the model the macro and profile phases serve.
+model_given=0
+for a in "$@"; do [[ "$a" == model=* ]] && model_given=1; done
+(( model_given )) || set -- model=tiny_kimi "$@"
 
 ok=() failed=()
 for phase in $PHASES; do

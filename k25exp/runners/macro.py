@@ -16,6 +16,7 @@ with its log tail, after logging the levels already measured.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -96,6 +97,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             release(conn.managed)  # stop what's left of it; the next job starts afresh
         raise
     finally:
+        gc.unfreeze()
         _copy_log(conn, out)
 
 
@@ -214,6 +216,13 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
         raise ServerError("no tokenizer: set server.tokenizer (folder or hub id of the served model's)")
     tok = load_tokenizer(tok_path, cfg.server.trust_remote_code)
     prompt = PromptBuilder(tok, exp.input_tokens, exp.seed)
+    # Every prompt built before anything is timed: tokenizing between requests is client lag.
+    if exp.duration_s is None:
+        prompt.many(range(max([exp.single_stream_requests] +
+                              [requests_for(exp, c) for c in exp.concurrency])))
+        prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
+    gc.collect()
+    gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
     rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": f"httpx {httpx.__version__}, "
                   "one asyncio process, closed loop", "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks"})
@@ -251,11 +260,19 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     log.warning("fault: killing the server at concurrency %d", level)
                     conn.managed.kill(signal.SIGKILL)
 
-            res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
-                                  level=level, concurrency=c, max_tokens=exp.output_tokens, t0=t0,
-                                  n_requests=n, duration_s=duration,
-                                  input_tokens=exp.input_tokens, on_record=on_record,
-                                  should_stop=dead)
+            # No garbage collection while a level runs: a full pass over the half million
+            # objects transformers leaves behind stalls the event loop for 0.2-1 s (seen as
+            # client lag); reference counting frees the level's garbage, the rest goes after.
+            gc.disable()
+            try:
+                res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
+                                      level=level, concurrency=c, max_tokens=exp.output_tokens,
+                                      t0=t0, n_requests=n, duration_s=duration,
+                                      input_tokens=exp.input_tokens, on_record=on_record,
+                                      should_stop=dead)
+            finally:
+                gc.enable()
+            gc.collect()
             # Written once the level is over: no disk I/O in the event loop while it measures
             # (a write stalled by other processes' writeback would show up as client lag).
             jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
