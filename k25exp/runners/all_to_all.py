@@ -8,7 +8,6 @@ from k25exp import plots, tables
 from k25exp.collectives.results import bandwidths, find_knee
 from k25exp.collectives.spec import Point
 from k25exp.config.schema import AllToAllConfig, K25Config
-from k25exp.dtypes import dtype_bytes
 from k25exp.runners.collective import CollectiveFailed, failure_message, make_spec, measure
 from k25exp.tracking.recorder import Recorder
 

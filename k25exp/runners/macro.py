@@ -33,6 +33,7 @@ from k25exp.serving.client import CompletionClient, run_level
 from k25exp.serving.figures import level_figures, saturation
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerDied, ServerError, connect, release
+from k25exp.runners.server_run import copy_server_log, record_server
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,6 @@ def requests_for(exp: MacroConfig, c: int) -> int:
 
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
-    exp: MacroConfig = cfg.experiment
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     t = time.perf_counter()
     generated: list[Path] = []
@@ -89,7 +89,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         raise
     if generated:
         rec.log_metrics({"model_generate_s": time.perf_counter() - t})
-    _record_server(cfg, conn, rec)
+    record_server(cfg, conn, rec)
     try:
         return asyncio.run(_measure(cfg, conn, out, rec))
     except ServerDied:
@@ -98,36 +98,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         raise
     finally:
         gc.unfreeze()
-        _copy_log(conn, out)
-
-
-def _record_server(cfg: K25Config, conn: Connection, rec: Recorder) -> None:
-    m = {"server_starts": 1.0 if conn.started else 0.0}
-    if conn.started:
-        m["server_start_s"] = conn.start_s
-    rec.log_metrics(m)
-    tags = {"server.kind": cfg.server.kind, "server.base_url": conn.base_url,
-            "server.model": conn.model}
-    if conn.managed:
-        tags.update({"server.reused": str(not conn.started).lower(),
-                     "server.pid": str(conn.managed.pid), "server.launch_key": conn.managed.key,
-                     "server.model_path": conn.info.get("model_path", ""),
-                     "server.log": str(conn.managed.log_path)})
-    if conn.info.get("version"):
-        tags["server.version"] = conn.info["version"]
-    rec.set_tags(tags)
-    log.info("server %s (%s)", conn.base_url,
-             f"started in {conn.start_s:.1f} s" if conn.started else
-             ("reused" if conn.managed else "endpoint"))
-
-
-def _copy_log(conn: Connection, out: Path) -> None:
-    srv = conn.managed
-    if srv is None or srv.log_path is None or not srv.log_path.exists():
-        return
-    with open(srv.log_path, "rb") as f:
-        f.seek(conn.log_offset)
-        (out / "server.log").write_bytes(f.read())
+        copy_server_log(conn, out)
 
 
 async def _reset_prefix_cache(http: httpx.AsyncClient, state: dict) -> None:

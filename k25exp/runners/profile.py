@@ -21,7 +21,7 @@ import httpx
 import orjson
 
 from k25exp.config.schema import K25Config, ProfileConfig, TraceBreakdownConfig
-from k25exp.runners.macro import _copy_log, _record_server
+from k25exp.runners.server_run import copy_server_log, record_server
 from k25exp.serving.client import CompletionClient, run_level
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError, connect
@@ -40,14 +40,14 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     trace_dir = _trace_dir(cfg)
     conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device)
-    _record_server(cfg, conn, rec)
+    record_server(cfg, conn, rec)
     rec.set_tags({"profile.note": "latencies under the profiler are not performance figures "
                   "and are not logged; see experiment=macro",
                   "profile.trace_dir": str(trace_dir)})
     try:
         window_s, stop_s, since = asyncio.run(_capture(cfg, conn, out))
     finally:
-        _copy_log(conn, out)
+        copy_server_log(conn, out)
     rec.log_metrics({"profile_window_s": window_s, "stop_profile_s": stop_s})
     traces = sorted(p for p in trace_dir.rglob(exp.trace_glob) if p.stat().st_mtime >= since)
     # vLLM's API server writes a trace of its own (*async_llm*): host-side only, no steps.

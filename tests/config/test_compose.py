@@ -10,6 +10,8 @@ from k25exp.config.store import project_root
 from k25exp.config.validate import to_typed
 from tests.conftest import compose_cfg
 
+# What an experiment cannot run without (no sensible default exists).
+NEEDS = {"trace_breakdown": ["experiment.paths=[/tmp]"]}
 EXPERIMENTS = sorted(p.stem for p in (project_root() / "conf" / "experiment").glob("*.yaml"))
 HARDWARE = sorted(p.stem for p in (project_root() / "conf" / "hardware").glob("*.yaml"))
 
@@ -22,6 +24,7 @@ def test_every_schema_has_an_experiment_file():
 @pytest.mark.parametrize("debug", [None, "quick"])
 def test_experiment_composes_to_its_schema(name, debug):
     overrides = [f"experiment={name}"] + ([f"debug={debug}"] if debug else [])
+    overrides += NEEDS.get(name, [])
     typed = to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
     assert isinstance(typed, K25Config)
     assert isinstance(typed.experiment, EXPERIMENT_SCHEMAS[typed.experiment.name])

@@ -1,0 +1,42 @@
+"""What the serving runners (macro, profile, spec_decode) share about their server: the
+facts logged with the run, and this job's part of the server log kept as an artifact."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from k25exp.config.schema import K25Config
+from k25exp.serving.server import Connection
+from k25exp.tracking.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+def record_server(cfg: K25Config, conn: Connection, rec: Recorder) -> None:
+    m = {"server_starts": 1.0 if conn.started else 0.0}
+    if conn.started:
+        m["server_start_s"] = conn.start_s
+    rec.log_metrics(m)
+    tags = {"server.kind": cfg.server.kind, "server.base_url": conn.base_url,
+            "server.model": conn.model}
+    if conn.managed:
+        tags.update({"server.reused": str(not conn.started).lower(),
+                     "server.pid": str(conn.managed.pid), "server.launch_key": conn.managed.key,
+                     "server.model_path": conn.info.get("model_path", ""),
+                     "server.log": str(conn.managed.log_path)})
+    if conn.info.get("version"):
+        tags["server.version"] = conn.info["version"]
+    rec.set_tags(tags)
+    log.info("server %s (%s)", conn.base_url,
+             f"started in {conn.start_s:.1f} s" if conn.started else
+             ("reused" if conn.managed else "endpoint"))
+
+
+def copy_server_log(conn: Connection, out: Path) -> None:
+    srv = conn.managed
+    if srv is None or srv.log_path is None or not srv.log_path.exists():
+        return
+    with open(srv.log_path, "rb") as f:
+        f.seek(conn.log_offset)
+        (out / "server.log").write_bytes(f.read())
