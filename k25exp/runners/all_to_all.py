@@ -8,7 +8,7 @@ from k25exp import plots, tables
 from k25exp.collectives.results import bandwidths, find_knee
 from k25exp.collectives.spec import Point
 from k25exp.config.schema import AllToAllConfig, K25Config
-from k25exp.runners.collective import CollectiveFailed, failure_message, make_spec, measure
+from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder
 
 COLUMNS = [
@@ -60,10 +60,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     "tokens per GPU", "time per All-to-All (µs)",
                     f"All-to-All {exp.dtype}, top-{exp.top_k} × {exp.hidden_size}, {world} ranks",
                     logy=True, vline=knee, vline_label=f"knee ({exp.knee_factor}× baseline)")
-    text = tables.write(out / "results", COLUMNS, rows,
-                        f"all_to_all: {world} ranks, {cfg.hardware.backend}; knee at "
-                        f"{knee if knee is not None else 'none'} tokens/GPU")
-    print(text, flush=True)
-    if msg := failure_message(spec, files, outcome):
-        raise CollectiveFailed(msg)
+    finish(out, COLUMNS, rows,
+           f"all_to_all: {world} ranks, {cfg.hardware.backend}; knee at "
+           f"{knee if knee is not None else 'none'} tokens/GPU",
+           spec, files, outcome)
     return summary

@@ -9,7 +9,7 @@ from k25exp.collectives.results import bandwidths
 from k25exp.collectives.spec import Point
 from k25exp.config.schema import AllReduceSweepConfig, K25Config
 from k25exp.dtypes import dtype_bytes
-from k25exp.runners.collective import CollectiveFailed, failure_message, make_spec, measure
+from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder
 
 COLUMNS = [
@@ -59,10 +59,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     "busbw (GB/s)", title)
         plots.sweep(out / "plots" / "time_vs_size.png", xs, {"time (queued)": t_us},
                     "message size (B)", "time per op (µs)", title, logy=True)
-    text = tables.write(out / "results", COLUMNS, rows,
-                        f"allreduce_sweep: {exp.dtype}, {world} ranks, {cfg.hardware.backend}; "
-                        f"time = {exp.iters} queued ops / {exp.iters}, median of {exp.repeats}")
-    print(text, flush=True)
-    if msg := failure_message(spec, files, outcome):
-        raise CollectiveFailed(msg)
+    finish(out, COLUMNS, rows,
+           f"allreduce_sweep: {exp.dtype}, {world} ranks, {cfg.hardware.backend}; "
+           f"time = {exp.iters} queued ops / {exp.iters}, median of {exp.repeats}",
+           spec, files, outcome)
     return summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from k25exp import tables
 from k25exp.collectives.launch import LaunchOutcome, Topology, launch
 from k25exp.collectives.results import RankFiles, read_rank_files
 from k25exp.collectives.spec import CollectiveSpec, Point
@@ -78,6 +79,14 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     rec.set_tags(env_tags(files))
     rec.log_metrics({"torchrun_s": outcome.seconds, "points_measured": len(files.points)})
     return files, outcome
+
+
+def finish(out: Path, columns, rows, title: str, spec: CollectiveSpec, files: RankFiles,
+           outcome: LaunchOutcome) -> None:
+    """Write and print the result table (finished points only), then raise if the run failed."""
+    print(tables.write(out / "results", columns, rows, title), flush=True)
+    if msg := failure_message(spec, files, outcome):
+        raise CollectiveFailed(msg)
 
 
 def failure_message(spec: CollectiveSpec, files: RankFiles, outcome: LaunchOutcome) -> Optional[str]:

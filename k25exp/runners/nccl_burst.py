@@ -9,7 +9,7 @@ from k25exp.collectives.results import bandwidths
 from k25exp.collectives.spec import Point
 from k25exp.config.schema import K25Config, NcclBurstConfig
 from k25exp.dtypes import dtype_bytes
-from k25exp.runners.collective import CollectiveFailed, failure_message, make_spec, measure
+from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder
 
 COLUMNS = [
@@ -54,10 +54,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             plots.histogram(out / "plots" / "op_latency_hist.png", [s * 1e6 for s in p.blocking_s],
                             f"AllReduce {p.nbytes} B, {world} ranks, blocking",
                             {"p50": m["op_us_p50"], "p99": m["op_us_p99"]})
-    text = tables.write(out / "results", COLUMNS, rows,
-                        f"nccl_burst: {exp.ops_per_step} x AllReduce, {exp.dtype}, "
-                        f"{world} ranks, {cfg.hardware.backend}")
-    print(text, flush=True)
-    if msg := failure_message(spec, files, outcome):
-        raise CollectiveFailed(msg)
+    finish(out, COLUMNS, rows,
+           f"nccl_burst: {exp.ops_per_step} x AllReduce, {exp.dtype}, "
+           f"{world} ranks, {cfg.hardware.backend}",
+           spec, files, outcome)
     return summary
