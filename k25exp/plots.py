@@ -28,7 +28,7 @@ def sweep(path: Path, x: Sequence[float], series: Mapping[str, Sequence[Optional
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def histogram(path: Path, samples_us: Sequence[float], title: str,
@@ -40,10 +40,11 @@ def histogram(path: Path, samples_us: Sequence[float], title: str,
     ax.set(xlabel="per-op latency (µs)", ylabel="ops", title=title)
     if marks:
         ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
+    """Lay out, write the PNG (folders made as needed) and free the figure."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

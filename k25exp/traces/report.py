@@ -112,8 +112,9 @@ def _colors(categories: list[str]) -> dict[str, tuple]:
 def plot_rank(path: Path, r: RankBreakdown) -> Path:
     """Stacked bars of one rank's steps: exclusive busy ms per category, then idle."""
     import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from k25exp import plots  # sets the Agg backend; imported only when plotting
     import matplotlib.ticker  # noqa: F401
 
     cats = r.categories + [IDLE]
@@ -138,18 +139,14 @@ def plot_rank(path: Path, r: RankBreakdown) -> Path:
            title=f"{r.label}: decode step breakdown ({r.steps_analysed} steps, "
                  f"mean {r.decode_step_ms:.3f} ms)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def plot_ranks(path: Path, analysis: Analysis) -> Path:
     """One stacked bar per rank: % of step time per category and idle."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from k25exp import plots  # sets the Agg backend; imported only when plotting
 
     cats = analysis.categories + [IDLE]
     colors = _colors(analysis.categories)
@@ -167,11 +164,7 @@ def plot_ranks(path: Path, analysis: Analysis) -> Path:
     ax.set(ylabel="% of decode step time", ylim=(0, 100),
            title="decode step breakdown per rank")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def write_steps_csv(path: Path, r: RankBreakdown) -> Path:
