@@ -24,8 +24,8 @@ reported apart) and peak memory is the child's max RSS (getrusage, imports inclu
   HTA (ijson backend)  the same with HTA's IJSON_BATCH_AND_COMPRESS parser (needs ijson with
                        the yajl2_c backend in HTA's venv)
 
-HTA runs in its own venv (--hta-python, default /work/hta-venv/bin/python; create it with
-`python3 -m venv /work/hta-venv && /work/hta-venv/bin/pip install HolisticTraceAnalysis ijson`),
+HTA runs in its own venv (--hta-python, default .hta-venv/bin/python; create it with
+`python3 -m venv .hta-venv && .hta-venv/bin/pip install HolisticTraceAnalysis ijson`),
 on a folder holding only this trace (HTA reads every trace file of a folder, one per rank,
 and takes the rank from the trace's distributedInfo).
 
@@ -238,7 +238,7 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, help="benchmark this trace instead of capturing one")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/k25exp-trace-bench"))
     ap.add_argument("--steps", type=int, default=1200, help="decode steps to capture (1200: ~50 MB)")
-    ap.add_argument("--hta-python", default="/work/hta-venv/bin/python")
+    ap.add_argument("--hta-python", default=str(ROOT / ".hta-venv" / "bin" / "python"))
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--tools", default="", help="comma-separated subset of tool names")
     ap.add_argument("--timeout", type=float, default=1200)
