@@ -107,8 +107,12 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             for name, kernel in kernels.items():
                 try:
                     if kernel.quantized and qw is None:
-                        raise KernelUnavailable(f"{label} K={shape.k} is not a multiple of "
-                                                f"experiment.group_size={exp.group_size}")
+                        raise KernelUnavailable(
+                            f"model {cfg.model.name} has no int4 weights (experiment.group_size="
+                            f"{exp.group_size}); set experiment.group_size=32 to time W4A16 "
+                            "kernels anyway" if exp.group_size <= 0 else
+                            f"{label} K={shape.k} is not a multiple of experiment.group_size="
+                            f"{exp.group_size}")
                     fn = kernel.prepare(w, qw)
                 except KernelUnavailable as e:
                     rows += [Row(label, shape.n, shape.k, name, m, "skipped", note=str(e)) for m in ms]

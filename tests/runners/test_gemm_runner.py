@@ -97,3 +97,13 @@ def test_gemm_sweep_over_kernels_gives_children(k25):
 def test_bad_extra_shape():
     with pytest.raises(ConfigError, match=r"experiment.extra_shapes.x=.*expected \{n: N, k: K\}"):
         typed("experiment=gemm", "+experiment.extra_shapes.x={n: 0, k: 8}")
+
+
+def test_unquantized_model_skips_w4a16_kernels_saying_why(tmp_path):
+    cfg = typed("experiment=gemm", "model=tiny_kimi", "experiment.m_values=[1]",
+                "experiment.moe_concurrency=[]", "experiment.iters=2", "experiment.warmup=0",
+                "experiment.shapes=[expert_down]")
+    rec = MemoryRecorder()
+    run(cfg, tmp_path, rec)
+    assert "tiny_kimi has no int4 weights" in rec.tags["skipped.torch_int4"]
+    assert set(rec.latest("expert_down.tp2/torch_bf16/latency_us")) == {1}
