@@ -95,12 +95,19 @@ def test_client_and_server_tpot_agree(macro):
     """Both are (last − first token time) / (tokens − 1) per request, averaged over the level's
     requests; the client's two timestamps are the server's plus the delivery delay of those two
     chunks over loopback. The delays mostly cancel; what is left, a few ms at most on two busy
-    cores, is spread over 15 token gaps: within 15 % + 1 ms of the server's figure."""
+    cores, is spread over 15 token gaps: within 15 % + 1 ms of the server's figure.
+    A level the runner flagged invalid (the client, starved of CPU, lagged) is exactly one
+    where client timestamps are not to be trusted, so only valid levels are compared."""
     _, rec, summary = macro
+    compared = 0
     for c, server_ms in rec.latest("server_tpot_ms_mean").items():
+        assert rec.latest("server_requests")[c] == rec.latest("completed")[c]
+        if not rec.latest("valid")[c]:
+            continue
         client_ms = rec.latest("tpot_ms_mean")[c]
         assert abs(client_ms - server_ms) <= 0.15 * server_ms + 1.0, (c, client_ms, server_ms)
-        assert rec.latest("server_requests")[c] == rec.latest("completed")[c]
+        compared += 1
+    assert compared >= 1, "every level was flagged invalid: nothing to compare"
     assert sorted(rec.latest("server_tpot_ms_mean")) == [1, 2, 4]
     assert abs(summary["single_stream_tpot_gap_pct"]) <= 15 + 100 / summary["single_stream_server_tpot_ms_mean"]
     assert rec.latest("server_ttft_ms_mean")[1] <= rec.latest("ttft_ms_mean")[1] + 1.0
