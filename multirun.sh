@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The campaign as Hydra multiruns, one phase after another, all tagged with one campaign id.
+# The campaign as Hydra multiruns, one phase after another, all tagged with one campaign id,
+# then the report (experiment=report) over that campaign's runs.
 #
 #   ./multirun.sh                                   # the embedded default (CPU, gloo, local MLflow, tiny_kimi)
 #   ./multirun.sh hardware=rtx_pro_6000_x8_pcie model=kimi_k25_int4 server.model_path=/models/Kimi-K2.5
 #                                                   # extra args go to every phase as overrides
 #   PHASES="nccl_burst all_to_all" ./multirun.sh    # a subset of phases
+#   ./multirun.sh debug=quick macro:experiment.concurrency=[1,2]
+#                                                   # PHASE:override goes to that phase only
 #
 # Environment: K25EXP_CAMPAIGN (default: campaign-<UTC time>), MLFLOW_TRACKING_URI (default:
 # outputs/mlflow.db), PYTHON (default: .venv/bin/python if present, else python3).
@@ -16,16 +19,20 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
-PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all gemm macro profile}"
+PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all gemm macro profile spec_decode report}"
 
 declare -A SWEEP=(
   # phase            extra sweep arguments (Hydra multirun syntax)
   [nccl_burst]="experiment.tokens=1,8,64"
   [allreduce_sweep]=""
   [all_to_all]=""
-  [gemm]=""
+  [gemm]="experiment.shapes=[all]"   # the report sums every GEMM of a decode step
   [macro]=""
   [profile]=""
+  # n-gram lookup (k=3; batch 1, concurrency 2, 4) and the model as its own draft (the
+  # upper bound; batch 1) in one process, so both measure against one baseline server
+  [spec_decode]="spec=ngram,self_draft"
+  [report]=""                         # a single job, not a multirun
 )
 
 # A campaign keeps one model across its phases. Unless one is given, it is the embedded
@@ -35,21 +42,44 @@ model_given=0
 for a in "$@"; do [[ "$a" == model=* ]] && model_given=1; done
 (( model_given )) || set -- model=tiny_kimi "$@"
 
+# PHASE:override arguments go to that phase only; the rest to every phase.
+common=()
+declare -A only=()
+for a in "$@"; do
+  p="${a%%:*}"
+  if [[ "$a" == *:* && "$p" != *=* && -n "${SWEEP[$p]+set}" ]]; then
+    only[$p]+="${a#*:}"$'\n'
+  else
+    common+=("$a")
+  fi
+done
+
 ok=() failed=()
+t_start=$(date +%s)
+report_log=$(mktemp)
+trap 'rm -f "$report_log"' EXIT
 for phase in $PHASES; do
   if [[ -z "${SWEEP[$phase]+set}" ]]; then
     echo "multirun.sh: unknown phase '$phase' (known: ${!SWEEP[*]})" >&2
     failed+=("$phase"); continue
   fi
   echo "=== phase $phase (campaign $K25EXP_CAMPAIGN)"
-  # shellcheck disable=SC2086  # the sweep string is split into overrides on purpose
-  if "$PYTHON" -m k25exp -m "experiment=$phase" ${SWEEP[$phase]} "$@"; then
-    ok+=("$phase")
+  mapfile -t extra < <(printf '%s' "${only[$phase]:-}")
+  set -- "${common[@]}" "${extra[@]}"
+  if [[ "$phase" == report ]]; then
+    # One job; its last lines say where the report is.
+    "$PYTHON" -m k25exp experiment=report "$@" | tee "$report_log"
+    rc=${PIPESTATUS[0]}
   else
-    failed+=("$phase")
+    # shellcheck disable=SC2086  # the sweep string is split into overrides on purpose
+    "$PYTHON" -m k25exp -m "experiment=$phase" ${SWEEP[$phase]} "$@"
+    rc=$?
   fi
+  if (( rc == 0 )); then ok+=("$phase"); else failed+=("$phase"); fi
 done
 
-echo "=== campaign $K25EXP_CAMPAIGN: ${#ok[@]} phase(s) ok${ok:+ (${ok[*]})}, ${#failed[@]} failed${failed:+ (${failed[*]})}"
+elapsed=$(( $(date +%s) - t_start ))
+echo "=== campaign $K25EXP_CAMPAIGN: ${#ok[@]} phase(s) ok${ok:+ (${ok[*]})}, ${#failed[@]} failed${failed:+ (${failed[*]})}; $((elapsed / 60)) min $((elapsed % 60)) s"
+grep -E '^report( \(markdown\))?: ' "$report_log" 2>/dev/null | sed 's/^/    /'
 echo "    open MLflow: $PYTHON -m k25exp ui   (then filter runs by tags.campaign = '$K25EXP_CAMPAIGN')"
 [[ ${#failed[@]} -eq 0 ]]

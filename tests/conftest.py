@@ -47,6 +47,11 @@ class CliResult:
 @pytest.fixture
 def k25(tmp_path):
     """Runs `python -m k25exp ARGS` with outputs and the MLflow store under tmp_path."""
+    return make_k25(tmp_path)
+
+
+def make_k25(tmp_path: Path):
+    """k25's runner for any folder (module-scoped fixtures use it with their own folder)."""
     outputs = tmp_path / "outputs"
     uri = f"sqlite:///{outputs}/mlflow.db"
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")}

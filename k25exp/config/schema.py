@@ -316,6 +316,31 @@ class MacroConfig:
 
 
 @dataclass
+class SpecDecodeConfig(MacroConfig):
+    """Speculative decoding measured with the macro client, against its own baseline.
+
+    The server runs with vLLM's --speculative-config built from these fields; the baseline
+    is the same server without it (same settings otherwise), measured in the same job.
+    """
+
+    name: str = "spec_decode"
+    concurrency: List[int] = field(default_factory=lambda: [1, 2, 4])
+    # vLLM's speculative method: ngram (prompt lookup, no draft model), draft_model, suffix,
+    # eagle, eagle3, mtp ... (vLLM checks the name).
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    # Model-based methods only: a checkpoint folder, or "self" = the served checkpoint as its
+    # own draft (acceptance near 1 at temperature 0: the upper bound). Ignored by ngram/suffix.
+    draft_model: Optional[str] = "self"
+    prompt_lookup_min: int = 1  # ngram: shortest n-gram matched
+    prompt_lookup_max: int = 4  # ngram: longest n-gram matched
+    # Any other --speculative-config keys, passed verbatim (e.g. {rejection_sample_method:
+    # synthetic, synthetic_acceptance_length: 2.5}).
+    extra: Dict[str, Any] = field(default_factory=dict)
+    baseline: bool = True  # also measure the server without speculative decoding
+
+
+@dataclass
 class ProfileConfig(ExperimentBase):
     """Phase 3: a torch.profiler capture of the live server's decode, broken down by kernel.
 
@@ -353,6 +378,24 @@ class TraceBreakdownConfig(ExperimentBase):
 
 
 @dataclass
+class ReportConfig(ExperimentBase):
+    """The campaign's synthesis, from the latest finished run of each phase in MLflow."""
+
+    name: str = "report"
+    # Runs tagged campaign=<this>; null = the most recent campaign in the store.
+    campaign: Optional[str] = "${tracking.campaign}"  # type: ignore[assignment]
+    tracking_uri: str = "${tracking.uri}"  # type: ignore[assignment]
+    # Where `k25exp ui` (mlflow ui) serves this store: each figure links its run there.
+    ui_url: str = "http://127.0.0.1:5000"
+    # GEMM kernel whose M=1 latency counts as the step's GEMM time; null = the GEMM run's
+    # baseline for an unquantized model, the fastest W4A16 kernel for an INT4 one.
+    gemm_kernel: Optional[str] = None
+    # Speculative-decoding projection grid: per-token acceptance rates and draft lengths.
+    alphas: List[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
+    draft_lengths: List[int] = field(default_factory=lambda: [1, 3, 7])
+
+
+@dataclass
 class K25Config:
     """The root: what `python -m k25exp` composes."""
 
@@ -372,6 +415,8 @@ EXPERIMENT_SCHEMAS: dict[str, type] = {
     "all_to_all": AllToAllConfig,
     "gemm": GemmConfig,
     "macro": MacroConfig,
+    "spec_decode": SpecDecodeConfig,
     "profile": ProfileConfig,
     "trace_breakdown": TraceBreakdownConfig,
+    "report": ReportConfig,
 }

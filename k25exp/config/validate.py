@@ -9,12 +9,14 @@ each naming its key, the value and what was expected.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from k25exp.config.schema import (
+    SpecDecodeConfig,
     EXPERIMENT_SCHEMAS,
     AllReduceSweepConfig,
     AllToAllConfig,
@@ -224,6 +226,35 @@ def _check_macro(c: K25Config, p: list[str]) -> None:
                  "tokenizer (folder or hub id) builds prompts of exact token lengths")
 
 
+def _check_spec_decode(c: K25Config, p: list[str]) -> None:
+    exp: SpecDecodeConfig = c.experiment
+    if c.server.kind != "vllm":
+        p.append(f"server.kind={c.server.kind!r}: experiment=spec_decode launches its own servers "
+                 "(speculative and baseline) and needs server.kind='vllm'")
+    if not exp.method:
+        p.append("experiment.method: expected a vLLM speculative method (ngram, draft_model, ...)")
+    if exp.num_speculative_tokens < 1:
+        p.append(f"experiment.num_speculative_tokens={exp.num_speculative_tokens}: expected >= 1")
+    if exp.method in ("ngram", "ngram_gpu"):
+        lo, hi = exp.prompt_lookup_min, exp.prompt_lookup_max
+        if lo < 1 or hi < lo:
+            p.append(f"experiment.prompt_lookup_min={lo}, prompt_lookup_max={hi}: expected "
+                     "1 <= min <= max")
+    elif exp.method == "draft_model" and not exp.draft_model:
+        p.append("experiment.draft_model: method=draft_model needs a checkpoint folder or 'self'")
+    elif exp.draft_model not in (None, "self") and exp.method not in ("suffix",):
+        if not Path(exp.draft_model).exists():
+            p.append(f"experiment.draft_model={exp.draft_model}: no such folder (or 'self' for "
+                     "the served checkpoint)")
+    clash = sorted({"method", "num_speculative_tokens", "model"} & set(exp.extra))
+    if clash:
+        p.append(f"experiment.extra sets {clash}: set them with experiment.method / "
+                 "num_speculative_tokens / draft_model instead")
+    if any("--speculative-config" in str(a) for a in c.server.extra_args):
+        p.append("server.extra_args has --speculative-config: experiment=spec_decode builds it "
+                 "from experiment.* (and its baseline must run without it)")
+
+
 def _check_profile(c: K25Config, p: list[str]) -> None:
     exp: ProfileConfig = c.experiment
     _positive(exp, "experiment", ["iters", "concurrency", "input_tokens", "stop_timeout_s",
@@ -273,6 +304,8 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
         _check_gemm(c, problems)
     if isinstance(c.experiment, MacroConfig):
         _check_macro(c, problems)
+    if isinstance(c.experiment, SpecDecodeConfig):
+        _check_spec_decode(c, problems)
     if isinstance(c.experiment, ProfileConfig):
         _check_profile(c, problems)
     if isinstance(c.experiment, TraceBreakdownConfig):

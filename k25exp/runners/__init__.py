@@ -18,8 +18,10 @@ RUNNERS: dict[str, str] = {
     "all_to_all": "k25exp.runners.all_to_all",
     "gemm": "k25exp.runners.gemm",
     "macro": "k25exp.runners.macro",
+    "spec_decode": "k25exp.runners.spec_decode",
     "profile": "k25exp.runners.profile",
     "trace_breakdown": "k25exp.runners.trace_breakdown",
+    "report": "k25exp.runners.report",
 }
 
 

@@ -64,7 +64,14 @@ LEVEL_METRICS = {  # logged at step = concurrency
     "client_loop_lag_ms_mean", "client_cpu_util",
     "valid", "wall_s", "server_tpot_ms_mean", "server_ttft_ms_mean", "server_itl_ms_mean",
     "server_e2e_ms_mean", "server_requests",
+    # speculative decoding, when the server runs it (server_metrics.spec_figures)
+    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
+    "mean_accepted_tokens", "mean_acceptance_length",
 }
+
+
+def _level_metric(key: str) -> bool:
+    return key in LEVEL_METRICS or key.startswith("acceptance_pos")
 
 
 def requests_for(exp: MacroConfig, c: int) -> int:
@@ -274,6 +281,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                           "single_stream_server_tpot_ms_mean": figs.get("server_tpot_ms_mean"),
                           "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean")}
                 single = {k: v for k, v in single.items() if v is not None}
+                single.update({f"single_stream_{k}": v for k, v in srv.items()
+                               if k.startswith(("spec_", "accept", "mean_accept"))})
                 if "single_stream_server_tpot_ms_mean" in single and "single_stream_tpot_ms_mean" in single:
                     s = single["single_stream_server_tpot_ms_mean"]
                     single["single_stream_tpot_gap_pct"] = (single["single_stream_tpot_ms_mean"] - s) / s * 100
@@ -314,7 +323,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                 figs.get("client_lag_ms_p99", 0),
                                 figs.get("client_loop_lag_ms_mean", 0), exp.max_client_lag_ms,
                                 100 * figs.get("client_cpu_util", 0))
-                rec.log_metrics({k: v for k, v in figs.items() if k in LEVEL_METRICS}, step=c)
+                rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
                 measured.append((c, figs))
                 rows.append([c] + [figs.get(k) for k in ROW_KEYS])
 

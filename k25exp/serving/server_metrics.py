@@ -11,6 +11,19 @@ engine measured it (no network, no client in it):
     server_ttft_ms_mean  vllm:time_to_first_token_seconds (from arrival at the API server)
     server_itl_ms_mean   vllm:inter_token_latency_seconds
     server_e2e_ms_mean   vllm:e2e_request_latency_seconds
+
+Speculative decoding (counters, only on a server started with --speculative-config), over
+the same interval and with vLLM's own definitions (vllm/v1/spec_decode/metrics.py):
+
+    spec_drafts             verification steps that carried a draft (vllm:spec_decode_num_drafts)
+    spec_draft_tokens       draft tokens proposed (…_num_draft_tokens)
+    spec_accepted_tokens    draft tokens the target accepted (…_num_accepted_tokens)
+    acceptance_rate         spec_accepted_tokens / spec_draft_tokens
+    mean_accepted_tokens    spec_accepted_tokens / spec_drafts: draft tokens kept per step
+    mean_acceptance_length  1 + mean_accepted_tokens: tokens emitted per verification step
+    acceptance_pos<i>       accepted at draft position i / spec_drafts (…_per_pos, label
+                            `position`); non-increasing in i, since position i is only
+                            accepted after every position before it
 """
 
 from __future__ import annotations
@@ -24,13 +37,21 @@ HISTOGRAMS = {
     "itl": ("vllm:inter_token_latency_seconds",),
     "e2e": ("vllm:e2e_request_latency_seconds",),
 }
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts_total": "spec_drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
+}
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
-    """{'<histogram>_sum': s, '<histogram>_count': n} summed over engines, for one model."""
+    """{'<histogram>_sum': s, '<histogram>_count': n, '<spec counter>': v,
+    '<per-position counter>[i]': v} summed over engines, for one model."""
     want = {f"{n}{s}" for names in HISTOGRAMS.values() for n in names for s in ("_sum", "_count")}
+    want |= set(SPEC_COUNTERS) | {SPEC_PER_POS}
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -41,8 +62,11 @@ def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
         labels = dict(_LABEL.findall(m.group(2) or ""))
         if model and labels.get("model_name", model) != model:
             continue
+        key = m.group(1)
+        if key == SPEC_PER_POS:
+            key = f"{key}[{labels.get('position', '?')}]"
         try:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+            out[key] = out.get(key, 0.0) + float(m.group(3))
         except ValueError:
             continue
     return out
@@ -64,4 +88,24 @@ def level_means(before: dict[str, float], after: dict[str, float]) -> tuple[dict
                 if key == "e2e":
                     figures["server_requests"] = n
             break
+    figures.update(spec_figures(before, after))
     return figures, sources
+
+
+def spec_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Speculative-decoding figures over the interval between two scrapes ({} without any)."""
+    if not any(k in after for k in SPEC_COUNTERS):
+        return {}
+    d = {short: after.get(name, 0.0) - before.get(name, 0.0) for name, short in SPEC_COUNTERS.items()}
+    out = dict(d)
+    if d["spec_draft_tokens"] > 0:
+        out["acceptance_rate"] = d["spec_accepted_tokens"] / d["spec_draft_tokens"]
+    if d["spec_drafts"] > 0:
+        out["mean_accepted_tokens"] = d["spec_accepted_tokens"] / d["spec_drafts"]
+        out["mean_acceptance_length"] = 1.0 + out["mean_accepted_tokens"]
+        prefix = SPEC_PER_POS + "["
+        for k in sorted((k for k in after if k.startswith(prefix)), key=lambda k: int(k[len(prefix):-1])
+                        if k[len(prefix):-1].isdigit() else 1 << 30):
+            pos = k[len(prefix):-1]
+            out[f"acceptance_pos{pos}"] = (after[k] - before.get(k, 0.0)) / d["spec_drafts"]
+    return out

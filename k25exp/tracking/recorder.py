@@ -29,3 +29,22 @@ class MemoryRecorder:
     def latest(self, key: str) -> dict[Optional[int], float]:
         """{step: value} of one metric (the last value logged at each step)."""
         return {s: v for k, v, s in self.metrics if k == key}
+
+
+class Capture(MemoryRecorder):
+    """Logs through `inner` with `prefix` on every metric and tag name, and keeps an
+    unprefixed copy: a runner that calls another runner twice (spec_decode: speculative and
+    baseline) keeps both sets apart in one run and still reads its figures back."""
+
+    def __init__(self, inner: Recorder, prefix: str = "") -> None:
+        super().__init__()
+        self.inner = inner
+        self.prefix = prefix
+
+    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        super().log_metrics(metrics, step)
+        self.inner.log_metrics({self.prefix + k: v for k, v in metrics.items()}, step)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        super().set_tags(tags)
+        self.inner.set_tags({self.prefix + k: v for k, v in tags.items()})

@@ -1,0 +1,1 @@
+"""The campaign report: sources (MLflow → RunViews), budget (arithmetic), render (MD/HTML)."""

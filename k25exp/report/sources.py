@@ -1,0 +1,125 @@
+"""The report's inputs: the campaign's runs in MLflow, as plain RunView objects.
+
+This is the only module of k25exp.report that talks to MLflow; the arithmetic (budget.py)
+and the rendering (render.py) take RunViews, so tests can build them from real runs or by
+hand. A campaign is every run tagged `campaign=<id>` (multirun.sh sets it for all phases);
+multirun parents and report runs are not phases.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+PHASES = ("nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro", "profile", "spec_decode")
+
+
+class ReportError(RuntimeError):
+    """No campaign to report on, or the store cannot be read."""
+
+
+@dataclass
+class RunView:
+    run_id: str
+    experiment_id: str
+    phase: str
+    status: str  # FINISHED | FAILED | KILLED | RUNNING
+    start_time: int  # ms since the epoch
+    name: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # last value of each
+    tags: dict[str, str] = field(default_factory=dict)
+    # name -> {step: value}; filled on demand by `history` (MLflow keeps every step)
+    steps: dict[str, dict[int, float]] = field(default_factory=dict)
+    loader: Optional[Callable[[str, str], dict[int, float]]] = field(default=None, repr=False)
+
+    def history(self, key: str) -> dict[int, float]:
+        if key not in self.steps:
+            self.steps[key] = self.loader(self.run_id, key) if self.loader else {}
+        return self.steps[key]
+
+    def param(self, key: str, cast=str, default=None):
+        v = self.params.get(key)
+        if v is None or v == "None":
+            return default
+        return cast(v)
+
+    @property
+    def short(self) -> str:
+        return self.run_id[:8]
+
+
+@dataclass
+class Campaign:
+    id: str
+    uri: str
+    runs: list[RunView]
+
+    def of(self, phase: str, status: Optional[str] = "FINISHED") -> list[RunView]:
+        """The phase's runs, newest first."""
+        rs = [r for r in self.runs if r.phase == phase and (status is None or r.status == status)]
+        return sorted(rs, key=lambda r: r.start_time, reverse=True)
+
+    def latest(self, phase: str, where: Callable[[RunView], bool] = lambda r: True) -> Optional[RunView]:
+        return next((r for r in self.of(phase) if where(r)), None)
+
+    def why_missing(self, phase: str, what: str = "") -> str:
+        """Why there is no usable run of `phase`: failed runs named with their error."""
+        bad = [r for r in self.of(phase, None) if r.status != "FINISHED"]
+        base = (f"missing: no finished `{phase}` run{' ' + what if what else ''} in campaign "
+                f"{self.id}")
+        if not bad:
+            return base
+        r = bad[0]
+        err = r.tags.get("error", "").strip().splitlines()
+        return (base + f"; {len(bad)} run(s) {'/'.join(sorted({b.status for b in bad}))}, latest "
+                f"{r.short}" + (f": {err[-1][:200]}" if err else ""))
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def latest_campaign(uri: str) -> str:
+    """The campaign tag of the most recently started phase run in the store."""
+    c = _client(uri)
+    ids = [e.experiment_id for e in c.search_experiments()]
+    if not ids:
+        raise ReportError(f"no experiments in the MLflow store {uri}")
+    for r in c.search_runs(ids, filter_string="tags.campaign != ''",
+                           order_by=["attributes.start_time DESC"], max_results=50):
+        if r.data.tags.get("k25exp.role") != "parent" and r.data.tags.get("campaign"):
+            return r.data.tags["campaign"]
+    raise ReportError(f"no run in {uri} has a campaign tag: run ./multirun.sh, or set "
+                      "K25EXP_CAMPAIGN=<id> for the runs of one campaign")
+
+
+def load_campaign(uri: str, campaign: str) -> Campaign:
+    """Every phase run of the campaign (parents and reports left out)."""
+    c = _client(uri)
+    ids = [e.experiment_id for e in c.search_experiments()]
+    found = c.search_runs(ids, filter_string=f"tags.campaign = '{campaign}'", max_results=10000) if ids else []
+
+    def loader(run_id: str, key: str) -> dict[int, float]:
+        return {m.step: m.value for m in sorted(c.get_metric_history(run_id, key),
+                                                 key=lambda m: m.timestamp)}
+
+    runs = []
+    for r in found:
+        tags = r.data.tags
+        phase = tags.get("k25exp.experiment", "")
+        if tags.get("k25exp.role") == "parent" or phase not in PHASES:
+            continue
+        runs.append(RunView(r.info.run_id, r.info.experiment_id, phase, r.info.status,
+                            r.info.start_time or 0, r.info.run_name or "", dict(r.data.params),
+                            dict(r.data.metrics), dict(tags), loader=loader))
+    if not runs:
+        raise ReportError(f"campaign {campaign!r} has no phase runs in {uri} (phases: "
+                          f"{', '.join(PHASES)})")
+    log.info("campaign %s: %d phase runs", campaign, len(runs))
+    return Campaign(campaign, uri, runs)

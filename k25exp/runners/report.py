@@ -1,0 +1,77 @@
+"""report: the campaign's synthesis from its MLflow runs (k25exp.report).
+
+Reads the latest finished run of each phase of one campaign, computes the decode-time budget,
+the expert-parallelism break-even and the speculative-decoding projection, and writes
+report.md (+ plots/) and a self-contained report.html into the job folder (logged with the
+run) and into <paths.outputs>/reports/<campaign>/. Prints the headline table.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from k25exp.config.schema import K25Config, ReportConfig
+from k25exp.report import budget, render
+from k25exp.report.sources import latest_campaign, load_campaign
+from k25exp.tracking.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+# Headline figure label → metric name on the report run.
+METRICS = {
+    "TPOT at batch 1 (macro)": "tpot_ms",
+    "communication per step (NCCL burst)": "comm_ms",
+    "GEMM per step": "gemm_ms",
+    "rest (attention, norms, routing, host)": "rest_ms",
+    "communication share (burst / TPOT)": "comm_share_burst",
+    "communication share (profile)": "comm_share_profile",
+    "difference (burst − profile)": "comm_share_diff_pp",
+    "GEMM share (GEMM / TPOT)": "gemm_share",
+    "EP break-even concurrency": "ep_break_even_concurrency",
+    "all-to-all knee": "a2a_knee_tokens_per_gpu",
+}
+
+
+def _metric_name(label: str) -> str:
+    if label in METRICS:
+        return METRICS[label]
+    # "measured speedup, ngram k=3 (self-draft)" → "spec_measured_speedup.ngram_k3_self_draft"
+    kind, _, setting = label.partition(", ")
+    slug = "".join(ch if ch.isalnum() else "_" for ch in setting).strip("_")
+    while "__" in slug:
+        slug = slug.replace("__", "_")
+    return f"spec_{kind.split()[0]}_speedup.{slug}"
+
+
+def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
+    exp: ReportConfig = cfg.experiment
+    campaign = exp.campaign or latest_campaign(exp.tracking_uri)
+    c = load_campaign(exp.tracking_uri, campaign)
+    sections = [budget.decode_budget(c, exp.gemm_kernel), budget.expert_parallel(c),
+                budget.speculative(c, exp.alphas, exp.draft_lengths)]
+    generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    md, page, head = render.write(out, c, sections, exp.ui_url, generated)
+
+    figs = [f for s in sections for f in s.figures]
+    summary = {_metric_name(f.label): f.value for f in figs if f.value is not None}
+    missing = [p for p in ("nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro",
+                           "profile", "spec_decode") if not c.of(p)]
+    summary["phases_missing"] = len(missing)
+    summary["figures_missing"] = sum(f.value is None for f in figs)
+    rec.log_metrics(summary)
+    sources = sorted({r.run_id for f in figs for r in f.runs})
+    rec.set_tags({"report.campaign": campaign, "report.source_runs": " ".join(sources),
+                  "report.missing_phases": " ".join(missing) or "none"})
+
+    stable = Path(cfg.paths.outputs) / "reports" / campaign
+    if stable.exists():
+        shutil.rmtree(stable)
+    shutil.copytree(out, stable, ignore=shutil.ignore_patterns("*.log", "*.yaml", ".hydra"))
+    print(f"\ncampaign {campaign}: {len(c.runs)} phase runs"
+          + (f"; missing phases: {', '.join(missing)}" if missing else ""))
+    print(head)
+    print(f"report: {stable / 'report.html'}\nreport (markdown): {stable / 'report.md'}", flush=True)
+    return summary

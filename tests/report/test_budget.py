@@ -1,0 +1,93 @@
+"""The report's arithmetic on hand-built runs: formulas, interpolation, missing sources."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from k25exp.report import budget
+from k25exp.report.budget import effective_alpha, expected_tokens, interp_loglog
+from k25exp.report.sources import Campaign, RunView
+
+MODEL = {"model.hidden_size": "512", "model.num_hidden_layers": "3", "model.first_k_dense_replace": "1",
+         "model.dtype_bytes": "2"}
+
+
+def run(phase, metrics=None, params=None, steps=None, status="FINISHED", t=0, tags=None):
+    return RunView(f"{phase}{t:04d}" + "0" * 24, "1", phase, status, t, params={**MODEL, **(params or {})},
+                   metrics=metrics or {}, tags=tags or {}, steps=steps or {})
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 3) == 4.0
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tokens(1.5, 3)
+
+
+@pytest.mark.parametrize("alpha,k", [(0.1, 1), (0.6, 3), (0.95, 7)])
+def test_effective_alpha_inverts_expected_tokens(alpha, k):
+    assert effective_alpha(expected_tokens(alpha, k) - 1, k) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_effective_alpha_clamps_at_the_ends():
+    assert effective_alpha(0.0, 3) == 0.0 and effective_alpha(3.0, 3) == 1.0
+
+
+def test_interpolation_is_log_log_and_never_extrapolates():
+    pts = {1: 10.0, 4: 40.0, 16: 40.0}
+    assert interp_loglog(pts, 4) == 40.0
+    assert interp_loglog(pts, 2) == pytest.approx(20.0)  # a power law between 1 and 4
+    assert interp_loglog(pts, 8) == pytest.approx(40.0)
+    assert interp_loglog(pts, 0.5) is None and interp_loglog(pts, 32) is None
+
+
+def test_ep_break_even_is_where_the_sign_flips():
+    # 2 ranks, 2 MoE layers, 1024 B per token. EP = 2 × 2 × a2a; TP = 2 × AR(c × 1024 B).
+    a2a = run("all_to_all", params={"hardware.world_size": "2", "hardware.backend": "gloo"},
+              steps={"a2a_us": {1: 10.0, 2: 10.0, 4: 100.0}})
+    ar = run("allreduce_sweep", steps={"time_us": {1024: 30.0, 2048: 30.0, 4096: 30.0, 8192: 30.0}})
+    sec = budget.expert_parallel(Campaign("c", "uri", [a2a, ar]))
+    rows = {r[0]: r for r in sec.tables[0].rows}
+    assert sorted(rows) == [1, 2, 4, 8]  # tokens/GPU = ceil(c/2) up to the a2a sweep's 4
+    assert rows[1][3] == pytest.approx(2 * 2 * 10.0 / 1e3) and rows[1][6] == pytest.approx(2 * 30.0 / 1e3)
+    assert [rows[c][8] for c in (1, 2, 4, 8)] == ["yes", "yes", "yes", "no"]
+    f = sec.get("EP break-even concurrency")
+    assert f.value == 8 and "stops paying" in f.note
+
+
+def test_missing_phases_are_named_never_filled():
+    failed = run("macro", status="FAILED", tags={"error": "vLLM exited with code 1"})
+    burst = run("nccl_burst", {"burst_ms": 2.0}, {"experiment.tokens": "1", "experiment.ops_per_step": "6"})
+    sec = budget.decode_budget(Campaign("c", "uri", [failed, burst]))
+    tpot = sec.get("TPOT at batch 1 (macro)")
+    assert tpot.value is None and "macro" in tpot.missing and "FAILED" in tpot.missing
+    assert "vLLM exited with code 1" in tpot.missing
+    assert sec.get("communication per step (NCCL burst)").value == 2.0
+    assert sec.get("rest (attention, norms, routing, host)").value is None
+    assert sec.get("communication share (burst / TPOT)").value is None
+    assert "profile" in sec.get("communication share (profile)").missing
+
+
+def test_spec_projection_uses_the_measured_verification_cost():
+    macro = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {1: 10.0, 2: 12.0, 4: 16.0}})
+    spec = run("spec_decode", {"single_stream_tpot_ms": 8.0, "baseline/single_stream_tpot_ms": 10.0,
+                               "spec_speedup": 1.25, "single_stream_acceptance_rate": 0.5,
+                               "single_stream_mean_accepted_tokens": 1.0},
+               {"experiment.method": "ngram", "experiment.num_speculative_tokens": "3"})
+    sec = budget.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
+    free = sec.tables[0]
+    assert free.columns == ["α", "k=1", "k=3"]  # no macro level at 8 → k=7 left out, and said so
+    assert any("[7]" in n for n in sec.notes)
+    # α=1, k=3: 4 tokens per 16 ms step → 4 ms → 2.5× over 10 ms
+    assert free.rows[2][2] == pytest.approx(10.0 / (16.0 / 4))
+    assert free.rows[0][1] == pytest.approx(10.0 / 12.0)  # α=0: every step costs the verify of k+1
+    selfd = sec.tables[1]
+    assert selfd.rows[2][2] == pytest.approx(10.0 / ((16.0 + 3 * 10.0) / 4))
+    a_eff = effective_alpha(1.0, 3)
+    proj = sec.get("projected speedup, ngram k=3")
+    assert proj.value == pytest.approx(10.0 / (16.0 / expected_tokens(a_eff, 3)))
+    assert sec.get("measured speedup, ngram k=3").value == 1.25
+    assert not math.isnan(proj.value)

@@ -1,0 +1,116 @@
+"""./multirun.sh end to end on the embedded default (debug=quick), then the report's numbers
+checked against the MLflow store it names; and a campaign with a failed and missing phases."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from k25exp.gemm.shapes import model_gemm_shapes
+from tests.conftest import ROOT, compose_cfg
+
+# allreduce_sweep: sizes the EP comparison needs (c × 512 × 2 B for c = 1 … 8), not 8 … 32 B
+FULL = ["debug=quick", "server.port=0", "allreduce_sweep:experiment.min_bytes=1024",
+        "allreduce_sweep:experiment.max_bytes=16384", "allreduce_sweep:experiment.limit_points=null"]
+
+
+def campaign(tmp: Path, name: str, *args: str, phases: str | None = None, timeout: float = 1800):
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": name, "PYTHON": sys.executable}
+    env.pop("PHASES", None)
+    if phases:
+        env["PHASES"] = phases
+    p = subprocess.run(["./multirun.sh", *args, f"paths.outputs={tmp}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    c = MlflowClient(uri)
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()], max_results=1000)
+    return p, c, [r for r in runs if r.data.tags.get("k25exp.role") != "parent"]
+
+
+def latest(runs, phase, **params):
+    rs = [r for r in runs if r.data.tags.get("k25exp.experiment") == phase and r.info.status == "FINISHED"
+          and all(r.data.params.get(k) == v for k, v in params.items())]
+    return max(rs, key=lambda r: r.info.start_time)
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("campaign")
+    p, client, runs = campaign(tmp, "c-full", *FULL)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p, client, runs
+
+
+def test_every_phase_runs_and_the_script_says_where_the_report_is(full):
+    p, _, runs = full
+    assert re.search(r"8 phase\(s\) ok \(nccl_burst allreduce_sweep all_to_all gemm macro profile "
+                     r"spec_decode report\), 0 failed; \d+ min \d+ s", p.stdout)
+    html = Path(re.search(r"^    report: (\S+)$", p.stdout, re.M).group(1))
+    md = Path(re.search(r"^    report \(markdown\): (\S+)$", p.stdout, re.M).group(1))
+    assert html.parent.name == "c-full" and html.exists() and md.exists()
+    page = html.read_text()
+    # self-contained: every plot inlined, nothing fetched from elsewhere
+    assert page.count('src="data:image/png;base64,') == 3 and "src=\"http" not in page
+    assert {r.data.tags.get("campaign") for r in runs} == {"c-full"}
+    # the headline table is printed
+    assert "TPOT at batch 1 (macro)" in p.stdout and "communication share (profile)" in p.stdout
+
+
+def test_report_figures_match_the_runs_they_name(full):
+    _, client, runs = full
+    report = latest(runs, "report")
+    m, tags = report.data.metrics, report.data.tags
+    sources = set(tags["report.source_runs"].split())
+    macro, burst = latest(runs, "macro"), latest(runs, "nccl_burst", **{"experiment.tokens": "1"})
+    gemm, profile = latest(runs, "gemm"), latest(runs, "profile")
+    assert {macro.info.run_id, burst.info.run_id, gemm.info.run_id, profile.info.run_id} <= sources
+    assert m["tpot_ms"] == pytest.approx(macro.data.metrics["single_stream_tpot_ms"])
+    assert m["comm_ms"] == pytest.approx(burst.data.metrics["burst_ms"])
+    # GEMM per step, recomputed here from the GEMM run's M=1 points and the model's shapes
+    cfg = compose_cfg("experiment=gemm", "model=tiny_kimi")
+    want = 0.0
+    for s in model_gemm_shapes(cfg.model, cfg.hardware.tp, True):
+        hist = client.get_metric_history(gemm.info.run_id, f"{s.name}.tp{cfg.hardware.tp}/torch_bf16/latency_us")
+        want += {h.step: h.value for h in hist}[1] * s.count_per_layer * s.layers
+    assert m["gemm_ms"] == pytest.approx(want / 1e3)
+    assert m["rest_ms"] == pytest.approx(m["tpot_ms"] - m["comm_ms"] - m["gemm_ms"])
+    assert m["comm_share_burst"] == pytest.approx(m["comm_ms"] / m["tpot_ms"])
+    assert m["comm_share_profile"] == pytest.approx(profile.data.metrics["share_communication"] / 100)  # logged in %
+    assert m["comm_share_diff_pp"] == pytest.approx((m["comm_share_burst"] - m["comm_share_profile"]) * 100)
+    spec = [r for r in runs if r.data.tags.get("k25exp.experiment") == "spec_decode"]
+    assert len(spec) == 2
+    for r in spec:
+        assert r.info.run_id in sources
+    measured = {k: v for k, v in m.items() if k.startswith("spec_measured_speedup.")}
+    assert sorted(measured.values()) == pytest.approx(sorted(r.data.metrics["spec_speedup"] for r in spec))
+    assert len([k for k in m if k.startswith("spec_projected_speedup.")]) == 2
+    assert m["phases_missing"] == 0
+    # EP: computed inside both sweeps (break-even, or a figure saying EP never/always pays)
+    md = Path(tags["k25exp.output_dir"], "report.md").read_text()
+    assert "| EP break-even concurrency |" in md and "| 1 | 1 |" in md
+    for r in (macro, burst, gemm, profile):
+        assert f"#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}" in md
+
+
+def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
+    p, client, runs = campaign(tmp_path, "c-partial", "debug=quick", "server.port=0",
+                               "macro:server.model_path=/nonexistent/checkpoint",
+                               phases="nccl_burst macro report", timeout=600)
+    assert p.returncode == 1  # macro failed ...
+    assert "2 phase(s) ok (nccl_burst report), 1 failed (macro)" in p.stdout  # ... the report ran
+    report = latest(runs, "report")
+    m = report.data.metrics
+    assert m["phases_missing"] == 6 and "tpot_ms" not in m
+    burst = latest(runs, "nccl_burst", **{"experiment.tokens": "1"})
+    assert m["comm_ms"] == pytest.approx(burst.data.metrics["burst_ms"])
+    md = Path(report.data.tags["k25exp.output_dir"], "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| TPOT at batch 1 (macro) |"))
+    assert "missing" in row and "FAILED" in row and "/nonexistent/checkpoint" in row
+    assert "Missing phases: all_to_all, allreduce_sweep, gemm, macro, profile, spec_decode." in md
+    assert report.data.tags["report.missing_phases"] == "allreduce_sweep all_to_all gemm macro profile spec_decode"

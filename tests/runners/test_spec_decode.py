@@ -1,0 +1,71 @@
+"""experiment=spec_decode against the real CPU build: n-gram lookup and the self-draft, each
+beside the baseline server, in one multirun (so the second job reuses the baseline server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import make_k25
+from tests.runners.test_macro import children
+from tests.serving.helpers import orphans
+from tests.test_job import artifact_paths
+
+K = 3
+SMALL = ["server.port=0", "experiment.input_tokens=16", "experiment.output_tokens=24",
+         "experiment.concurrency=[1]", "experiment.single_stream_requests=3", "experiment.warmup=1",
+         "experiment.rounds=2", "experiment.min_requests=2", f"experiment.num_speculative_tokens={K}",
+         "experiment.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    r = make_k25(tmp_path_factory.mktemp("spec"))("-m", "experiment=spec_decode", "spec=ngram,self_draft",
+                                                  *SMALL, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+def _counters(m: dict, prefix: str = "single_stream_") -> dict:
+    return {k[len(prefix):]: v for k, v in m.items() if k.startswith(prefix)}
+
+
+def test_acceptance_counters_are_read_and_consistent(sweep):
+    parent, kids = children(sweep)
+    assert parent.info.status == "FINISHED" and len(kids) == 2
+    by = {x.data.params["experiment.method"]: x for x in kids}
+    for method, run in by.items():
+        m = run.data.metrics
+        assert run.info.status == "FINISHED"
+        c = _counters(m)
+        drafts, drafted, accepted = c["spec_drafts"], c["spec_draft_tokens"], c["spec_accepted_tokens"]
+        assert drafts > 0 and 0 <= accepted <= drafted <= drafts * K
+        assert c["acceptance_rate"] == pytest.approx(accepted / drafted)
+        assert c["mean_accepted_tokens"] == pytest.approx(accepted / drafts) and c["mean_accepted_tokens"] <= K
+        pos = [c[f"acceptance_pos{i}"] for i in range(K)]
+        assert sum(p * drafts for p in pos) == pytest.approx(accepted)  # per position adds up
+        assert pos == sorted(pos, reverse=True)  # position i needs every position before it
+        # the server's figures are for the tokens the client received: exact lengths, no errors
+        assert m["single_stream_errors"] == 0 and m["output_tokens_mismatch"] == 0
+        # the baseline ran without speculative decoding, in the same job
+        assert "baseline/single_stream_tpot_ms" in m
+        assert not [k for k in m if k.startswith("baseline/") and "accept" in k]
+        assert m["spec_speedup"] == pytest.approx(m["baseline/single_stream_tpot_ms"] / m["single_stream_tpot_ms"])
+        assert m["level_spec_speedup"] == pytest.approx(m["baseline/tpot_ms_p50"] / m["tpot_ms_p50"])
+    # a draft model proposes k tokens at every step; n-gram lookup only where it finds a match
+    d = _counters(by["draft_model"].data.metrics)
+    assert d["spec_draft_tokens"] == d["spec_drafts"] * K
+    assert by["draft_model"].data.tags["spec.bound"].startswith("the served checkpoint as its own draft")
+    assert '"method": "draft_model"' in by["draft_model"].data.tags["spec.config"]
+
+
+def test_the_baseline_server_is_started_once_for_the_sweep(sweep):
+    _, kids = children(sweep)
+    kids.sort(key=lambda x: x.info.start_time)
+    first, second = (k.data.metrics for k in kids)
+    assert first["server_starts"] == 1 and first["baseline/server_starts"] == 1
+    assert second["baseline/server_starts"] == 0 and second["server_starts"] == 1
+    assert kids[0].data.tags["baseline/server.launch_key"] == kids[1].data.tags["baseline/server.launch_key"]
+    assert kids[0].data.tags["server.launch_key"] != kids[1].data.tags["server.launch_key"]
+    arts = set(artifact_paths(sweep.client, kids[0].info.run_id))
+    assert {"spec/requests.jsonl", "baseline/requests.jsonl", "spec/server.log", "results.csv"} <= arts
+    assert not orphans()

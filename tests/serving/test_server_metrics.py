@@ -1,0 +1,52 @@
+"""Parsing vLLM's /metrics: latency histograms and the speculative-decoding counters.
+
+The text is in the format vLLM 0.32's Prometheus endpoint writes (copied from a live CPU
+server's answer); the live counters are checked in tests/runners/test_spec_decode.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.serving import server_metrics
+
+BEFORE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny_kimi"} 2.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny_kimi"} 6.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny_kimi"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny_kimi",position="0"} 2.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny_kimi",position="1"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny_kimi",position="2"} 0.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny_kimi"} 1.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny_kimi"} 2.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="tiny_kimi"} 1.7959537032646163e+09
+"""
+AFTER = """vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny_kimi"} 22.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny_kimi"} 66.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny_kimi"} 45.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny_kimi",position="0"} 18.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny_kimi",position="1"} 15.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny_kimi",position="2"} 12.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="other"} 999.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny_kimi"} 3.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny_kimi"} 4.0
+"""
+
+
+def test_spec_counters_over_an_interval_follow_vllms_definitions():
+    figs, _ = server_metrics.level_means(server_metrics.parse(BEFORE, "tiny_kimi"),
+                                         server_metrics.parse(AFTER, "tiny_kimi"))
+    assert figs["spec_drafts"] == 20 and figs["spec_draft_tokens"] == 60
+    assert figs["spec_accepted_tokens"] == 42  # the other model's counter is not summed in
+    assert figs["acceptance_rate"] == pytest.approx(42 / 60)
+    assert figs["mean_accepted_tokens"] == pytest.approx(42 / 20)
+    assert figs["mean_acceptance_length"] == pytest.approx(1 + 42 / 20)
+    assert [figs[f"acceptance_pos{i}"] for i in range(3)] == pytest.approx([16 / 20, 14 / 20, 12 / 20])
+    assert figs["server_e2e_ms_mean"] == pytest.approx(1000.0)
+
+
+def test_a_server_without_speculative_decoding_gives_no_spec_figures():
+    plain = "\n".join(line for line in AFTER.splitlines() if "spec_decode" not in line)
+    figs, _ = server_metrics.level_means({}, server_metrics.parse(plain, "tiny_kimi"))
+    assert not [k for k in figs if "accept" in k or k.startswith("spec_")]
