@@ -85,7 +85,11 @@ class HardwareConfig:
     link_gbps: float = MISSING
     mem_bandwidth_gbps: float = MISSING
     peak_bf16_tflops: float = MISSING
-    # Extra environment for the collective workers, e.g. {NCCL_P2P_DISABLE: "1"}.
+    # false = NCCL's peer-to-peer transport off (NCCL_P2P_DISABLE=1 in every rank): on an
+    # NVLink box, the closest it gets to GPUs that talk through host memory over PCIe. A
+    # field rather than an env entry so the two runs differ in one logged param.
+    nccl_p2p: bool = True
+    # Extra environment for the collective workers, e.g. {NCCL_DEBUG: INFO}.
     env: Dict[str, str] = field(default_factory=dict)
 
 

@@ -68,6 +68,12 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
         p.append(f"hardware.backend={hw.backend!r}: expected one of {sorted(BACKEND_DTYPES)}")
     if hw.backend == "nccl" and hw.device != "cuda":
         p.append(f"hardware.backend='nccl' needs hardware.device='cuda', got {hw.device!r}")
+    if not hw.nccl_p2p and hw.backend != "nccl":
+        p.append(f"hardware.nccl_p2p=false turns off NCCL's peer-to-peer transport; "
+                 f"hardware.backend={hw.backend!r} is not NCCL")
+    if "NCCL_P2P_DISABLE" in hw.env:
+        p.append("hardware.env.NCCL_P2P_DISABLE: set hardware.nccl_p2p=false instead (one "
+                 "logged param, the same for every experiment)")
     if hw.tp > 0 and hw.world_size > 0 and hw.world_size % hw.tp:
         p.append(f"hardware.tp={hw.tp} must divide hardware.world_size={hw.world_size} "
                  f"(nnodes {hw.nnodes} × nproc_per_node {hw.nproc_per_node})")

@@ -69,11 +69,20 @@ def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
     )
 
 
+def rank_env(hw) -> dict[str, str]:
+    """The environment every rank gets on top of this process's: hardware.env and the
+    settings hardware fields stand for."""
+    env = {k: str(v) for k, v in hw.env.items()}
+    if not hw.nccl_p2p:
+        env["NCCL_P2P_DISABLE"] = "1"
+    return env
+
+
 def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> tuple[RankFiles, LaunchOutcome]:
     hw = cfg.hardware
     rec.set_tags(timing_tags(spec))
     topo = Topology(nproc_per_node=hw.nproc_per_node, nnodes=hw.nnodes, node_rank=hw.node_rank,
-                    rdzv_endpoint=hw.rdzv_endpoint, env=dict(hw.env))
+                    rdzv_endpoint=hw.rdzv_endpoint, env=rank_env(hw))
     outcome = launch(spec, topo, out / "raw", timeout_s=spec.timeout_s)
     files = read_rank_files(out / "raw")
     rec.set_tags(env_tags(files))

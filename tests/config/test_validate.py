@@ -112,3 +112,23 @@ def test_cli_reports_config_error_without_traceback(k25):
     assert "hardware.tp=3 must divide hardware.world_size=2" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (r.outputs / "mlflow.db").exists()  # nothing ran, nothing was recorded
+
+
+def test_p2p_off_is_a_hardware_field_that_reaches_every_rank():
+    from omegaconf import OmegaConf
+
+    from k25exp.runners.collective import rank_env
+
+    on = to_typed(compose_cfg("experiment=nccl_burst", "hardware=h200_x8_nvlink"), gpu_count=lambda: 8)
+    off = to_typed(compose_cfg("experiment=nccl_burst", "hardware=h200_x8_nvlink", "hardware.nccl_p2p=false",
+                               "+hardware.env.NCCL_DEBUG=INFO"), gpu_count=lambda: 8)
+    assert "NCCL_P2P_DISABLE" not in rank_env(on.hardware)
+    assert rank_env(off.hardware) == {"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"}
+    # the two configs differ in that one field (what MLflow logs as params)
+    a, b = (OmegaConf.to_container(OmegaConf.structured(x.hardware)) for x in (on, off))
+    assert {k for k in a if a[k] != b[k]} == {"nccl_p2p", "env"}
+    with pytest.raises(ConfigError, match="hardware.nccl_p2p=false turns off NCCL.*'gloo' is not NCCL"):
+        to_typed(compose_cfg("experiment=nccl_burst", "hardware.nccl_p2p=false"))
+    with pytest.raises(ConfigError, match="set hardware.nccl_p2p=false instead"):
+        to_typed(compose_cfg("experiment=nccl_burst", "hardware=h200_x8_nvlink",
+                             "+hardware.env.NCCL_P2P_DISABLE=1"), gpu_count=lambda: 8)
