@@ -388,7 +388,8 @@ class ReportConfig(ExperimentBase):
     name: str = "report"
     # Runs tagged campaign=<this>; null = the most recent campaign in the store.
     campaign: Optional[str] = "${tracking.campaign}"  # type: ignore[assignment]
-    tracking_uri: str = "${tracking.uri}"  # type: ignore[assignment]
+    # The store to read (null with tracking=none: then set this).
+    tracking_uri: Optional[str] = "${tracking.uri}"  # type: ignore[assignment]
     # Where `k25exp ui` (mlflow ui) serves this store: each figure links its run there.
     ui_url: str = "http://127.0.0.1:5000"
     # GEMM kernel whose M=1 latency counts as the step's GEMM time; null = the GEMM run's

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from k25exp.config.schema import (
+    ReportConfig,
     SpecDecodeConfig,
     EXPERIMENT_SCHEMAS,
     AllReduceSweepConfig,
@@ -261,6 +262,18 @@ def _check_spec_decode(c: K25Config, p: list[str]) -> None:
                  "from experiment.* (and its baseline must run without it)")
 
 
+def _check_report(c: K25Config, p: list[str]) -> None:
+    exp: ReportConfig = c.experiment
+    if not exp.tracking_uri:
+        p.append("experiment.tracking_uri: no MLflow store to read the campaign from (tracking="
+                 f"{c.tracking.backend} has no uri); set experiment.tracking_uri=sqlite:///<path> "
+                 "or http://host:5000")
+    if any(not 0.0 <= a <= 1.0 for a in exp.alphas):
+        p.append(f"experiment.alphas={exp.alphas}: acceptance rates must lie in [0, 1]")
+    if any(k < 1 for k in exp.draft_lengths):
+        p.append(f"experiment.draft_lengths={exp.draft_lengths}: expected draft lengths >= 1")
+
+
 def _check_profile(c: K25Config, p: list[str]) -> None:
     exp: ProfileConfig = c.experiment
     _positive(exp, "experiment", ["iters", "concurrency", "input_tokens", "stop_timeout_s",
@@ -314,6 +327,8 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
         _check_spec_decode(c, problems)
     if isinstance(c.experiment, ProfileConfig):
         _check_profile(c, problems)
+    if isinstance(c.experiment, ReportConfig):
+        _check_report(c, problems)
     if isinstance(c.experiment, TraceBreakdownConfig):
         _check_trace_breakdown(c, problems)
     if problems:

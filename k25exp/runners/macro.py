@@ -66,7 +66,7 @@ LEVEL_METRICS = {  # logged at step = concurrency
     "server_e2e_ms_mean", "server_requests",
     # speculative decoding, when the server runs it (server_metrics.spec_figures)
     "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
-    "mean_accepted_tokens", "mean_acceptance_length",
+    "mean_accepted_tokens", "mean_acceptance_length", "tokens_per_chunk",
 }
 
 
@@ -278,6 +278,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                           "single_stream_e2e_ms": figs.get("e2e_ms_p50"),
                           "single_stream_output_tok_s": figs.get("output_tok_s"),
                           "single_stream_errors": figs["errors"],
+                          "single_stream_tokens_per_chunk": figs.get("tokens_per_chunk"),
                           "single_stream_server_tpot_ms_mean": figs.get("server_tpot_ms_mean"),
                           "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean")}
                 single = {k: v for k, v in single.items() if v is not None}

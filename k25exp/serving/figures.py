@@ -8,6 +8,10 @@ Per request (the client's clock, seconds after the request was sent):
              requests with fewer than 2 output tokens have none
     itl      each gap between consecutive token-carrying chunks (vLLM's ITL; one chunk
              carrying several tokens, as with speculative decoding, makes one long gap)
+    tokens_per_chunk  (output tokens − 1) / (token-carrying chunks − 1), over the level's
+             requests: tokens per decode step as the client saw them (1 without speculative
+             decoding, 1 + accepted with it, as long as the server streams each step as it
+             happens: at batch 1 it does)
 Per level (requests that failed count in `errors` only):
     output_tok_s   Σ output tokens / wall time of the level (first send → last response)
     request_s      successful requests / wall time
@@ -53,6 +57,10 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     itl = [b - a for r in ok for a, b in zip(r["chunk_s"], r["chunk_s"][1:])]
     m.update(_pcts("itl_ms", itl, (50, 99)))
     m.update(_pcts("e2e_ms", [r["e2e_s"] for r in ok], (50, 99)))
+    multi = [r for r in ok if r["output_tokens"] and len(r["chunk_s"]) >= 2]
+    if multi:
+        m["tokens_per_chunk"] = (sum(r["output_tokens"] - 1 for r in multi)
+                                 / sum(len(r["chunk_s"]) - 1 for r in multi))
     out_tokens = sum(r["output_tokens"] or 0 for r in ok)
     m["output_tokens"] = out_tokens
     m["output_tok_s"] = out_tokens / wall_s if wall_s > 0 else 0.0

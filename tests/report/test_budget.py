@@ -75,7 +75,7 @@ def test_spec_projection_uses_the_measured_verification_cost():
     macro = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {1: 10.0, 2: 12.0, 4: 16.0}})
     spec = run("spec_decode", {"single_stream_tpot_ms": 8.0, "baseline/single_stream_tpot_ms": 10.0,
                                "spec_speedup": 1.25, "single_stream_acceptance_rate": 0.5,
-                               "single_stream_mean_accepted_tokens": 1.0},
+                               "single_stream_tokens_per_chunk": 2.0},
                {"experiment.method": "ngram", "experiment.num_speculative_tokens": "3"})
     sec = budget.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
     free = sec.tables[0]
@@ -86,8 +86,12 @@ def test_spec_projection_uses_the_measured_verification_cost():
     assert free.rows[0][1] == pytest.approx(10.0 / 12.0)  # α=0: every step costs the verify of k+1
     selfd = sec.tables[1]
     assert selfd.rows[2][2] == pytest.approx(10.0 / ((16.0 + 3 * 10.0) / 4))
+    # 2 tokens per streamed step, drafted or not → the α whose E(α, 3) is 2
     a_eff = effective_alpha(1.0, 3)
+    assert expected_tokens(a_eff, 3) == pytest.approx(2.0)
     proj = sec.get("projected speedup, ngram k=3")
-    assert proj.value == pytest.approx(10.0 / (16.0 / expected_tokens(a_eff, 3)))
+    assert proj.value == pytest.approx(10.0 / (16.0 / 2.0))
+    row = sec.tables[2].rows[0]
+    assert row[2] == pytest.approx(2.0) and row[9] == pytest.approx(8.0 * 2.0)  # measured step
     assert sec.get("measured speedup, ngram k=3").value == 1.25
     assert not math.isnan(proj.value)

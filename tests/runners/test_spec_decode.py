@@ -49,6 +49,11 @@ def test_acceptance_counters_are_read_and_consistent(sweep):
         # the baseline ran without speculative decoding, in the same job
         assert "baseline/single_stream_tpot_ms" in m
         assert not [k for k in m if k.startswith("baseline/") and "accept" in k]
+        # at batch 1 every step is its own chunk: 1 token without a draft, 1 + accepted with one
+        # (the counter also counts tokens accepted past max_tokens, so never fewer than streamed)
+        assert m["baseline/single_stream_tokens_per_chunk"] <= 1.1
+        assert 1.0 <= m["single_stream_tokens_per_chunk"] <= 1 + K
+        assert m["single_stream_tokens_per_chunk"] - 1 <= c["mean_accepted_tokens"] + 1e-9
         assert m["spec_speedup"] == pytest.approx(m["baseline/single_stream_tpot_ms"] / m["single_stream_tpot_ms"])
         assert m["level_spec_speedup"] == pytest.approx(m["baseline/tpot_ms_p50"] / m["tpot_ms_p50"])
     # a draft model proposes k tokens at every step; n-gram lookup only where it finds a match
