@@ -91,8 +91,7 @@ def latest_campaign(uri: str) -> str:
     ids = [e.experiment_id for e in c.search_experiments()]
     if not ids:
         raise ReportError(f"no experiments in the MLflow store {uri}")
-    for r in c.search_runs(ids, filter_string="tags.campaign != ''",
-                           order_by=["attributes.start_time DESC"], max_results=50):
+    for r in c.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=500):
         if r.data.tags.get("k25exp.role") != "parent" and r.data.tags.get("campaign"):
             return r.data.tags["campaign"]
     raise ReportError(f"no run in {uri} has a campaign tag: run ./multirun.sh, or set "

@@ -114,3 +114,10 @@ def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
     assert "missing" in row and "FAILED" in row and "/nonexistent/checkpoint" in row
     assert "Missing phases: all_to_all, allreduce_sweep, gemm, macro, profile, spec_decode." in md
     assert report.data.tags["report.missing_phases"] == "allreduce_sweep all_to_all gemm macro profile spec_decode"
+    # without a campaign id the report takes the store's latest campaign
+    env = {k: v for k, v in os.environ.items() if k != "K25EXP_CAMPAIGN"}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path}/mlflow.db"
+    again = subprocess.run([sys.executable, "-m", "k25exp", "experiment=report", f"paths.outputs={tmp_path}"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "campaign c-partial: " in again.stdout
