@@ -15,6 +15,9 @@ from mlflow.tracking import MlflowClient
 from k25exp.gemm.shapes import model_gemm_shapes
 from tests.conftest import ROOT, compose_cfg
 
+# The module fixture (a whole campaign / three server starts) runs inside the first test.
+pytestmark = pytest.mark.timeout(1800)
+
 # allreduce_sweep: sizes the EP comparison needs (c × 512 × 2 B for c = 1 … 8), not 8 … 32 B
 FULL = ["debug=quick", "server.port=0", "allreduce_sweep:experiment.min_bytes=1024",
         "allreduce_sweep:experiment.max_bytes=16384", "allreduce_sweep:experiment.limit_points=null"]

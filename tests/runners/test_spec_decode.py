@@ -10,6 +10,9 @@ from tests.runners.test_macro import children
 from tests.serving.helpers import orphans
 from tests.test_job import artifact_paths
 
+# The module fixture (a whole campaign / three server starts) runs inside the first test.
+pytestmark = pytest.mark.timeout(1800)
+
 K = 3
 SMALL = ["server.port=0", "experiment.input_tokens=16", "experiment.output_tokens=24",
          "experiment.concurrency=[1]", "experiment.single_stream_requests=3", "experiment.warmup=1",
