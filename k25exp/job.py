@@ -81,7 +81,7 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(resolved))
     if run is not None:
-        from k25exp.tracking.mlflow_store import flatten
+        from k25exp.tracking.params import flatten
 
         run.log_params(flatten(resolved))
         log.info("%s run %s", type(run).__name__, run.run_id)

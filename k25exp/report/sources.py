@@ -43,7 +43,7 @@ class RunView:
 
     def param(self, key: str, cast=str, default=None):
         v = self.params.get(key)
-        if v is None or v == "None":
+        if v is None or v in ("null", "None"):
             return default
         return cast(v)
 

@@ -7,7 +7,6 @@ Hydra's basic launcher runs in one process; explicit run ids don't.
 from __future__ import annotations
 
 import fcntl
-import json
 import re
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
 METRIC_BATCH = 1000  # and of metrics
 PARAM_MAX_CHARS = 6000
@@ -25,20 +25,6 @@ _METRIC_KEY = re.compile(r"[\w\-. /]+")
 
 def is_local(uri: str) -> bool:
     return uri.startswith(("sqlite:", "file:")) or "://" not in uri
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """{'model': {'hidden_size': 7168}} → {'model.hidden_size': '7168'}; lists as JSON."""
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, (list, tuple)):
-            out[key] = json.dumps(v)
-        else:
-            out[key] = "null" if v is None else str(v)
-    return out
 
 
 class _SerialisedClient:

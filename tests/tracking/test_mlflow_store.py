@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from k25exp.tracking.mlflow_store import MlflowStore, flatten
+from k25exp.tracking.mlflow_store import MlflowStore
+from k25exp.tracking.params import flatten
 
 
 def test_flatten_nested_config():

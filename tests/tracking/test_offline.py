@@ -74,3 +74,14 @@ def test_unreachable_server_falls_back_to_offline(k25, tmp_path):
 def test_sync_refuses_a_missing_folder(tmp_path):
     r = sync(tmp_path / "nope")
     assert r.returncode == 2 and "no such folder" in r.stderr
+
+
+def test_offline_job_runs_where_mlflow_is_not_installed(tmp_path):
+    # GPU nodes run k25exp without MLflow: blocking its import must not break an offline job
+    code = ("import sys, runpy; sys.modules['mlflow'] = None; "
+            f"sys.argv = ['k25exp', 'experiment=nccl_burst', 'debug=quick', 'tracking=offline', "
+            f"'paths.outputs={tmp_path}']; runpy.run_module('k25exp', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run,) = [f.parent for f in tmp_path.glob("runs/*/*/offline_run.json")]
+    assert "experiment.ops_per_step" in (run / "offline_run.json").read_text()
