@@ -404,6 +404,7 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                                     f"concurrency k+1 (run {macro.short})"))
     rows = []
     points = []
+    what_if: list[list] = []
     for r in specs:
         k = r.param("experiment.num_speculative_tokens", int)
         acc = r.metrics.get("single_stream_acceptance_rate")
@@ -429,6 +430,10 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                      tpot * per_step if tpot is not None and per_step is not None else None,
                      step_ms(k, full), r])
         points.append((label, a_eff, speedup, proj))
+        base = r.metrics.get("baseline/single_stream_tpot_ms")
+        if tpot is not None and per_step is not None and base:
+            step = tpot * per_step  # this run's measured cost of one verification step
+            what_if.append([label] + [base / (step / expected_tokens(a, k)) for a in alphas] + [r])
         sec.figures.append(Figure(f"measured speedup, {label}", speedup, "×", [r],
                                   f"acceptance {acc if acc is not None else float('nan'):.3f}, "
                                   f"{per_step if per_step else float('nan'):.2f} tokens per step")
@@ -452,6 +457,11 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                                 "projected step = macro TPOT at k+1 (+ k × TPOT for a self-draft); "
                                 "measured × is over the run's own baseline, projected × over "
                                 "macro's batch-1 TPOT"))
+    if what_if:
+        sec.tables.append(Table("Speedup at other acceptance rates, at each run's measured step cost",
+                                ["setting"] + [f"α={a:g}" for a in alphas] + ["run"], what_if,
+                                "base TPOT / (measured step ms / E(α, k)): what a drafter of the "
+                                "same cost with another acceptance would give"))
     if macro and grid_ks:
         sec.plot = {"kind": "spec", "alphas": list(alphas),
                     "series": {f"k={k}, free drafter": [t1 / (step_ms(k, False) / expected_tokens(a, k))

@@ -93,5 +93,9 @@ def test_spec_projection_uses_the_measured_verification_cost():
     assert proj.value == pytest.approx(10.0 / (16.0 / 2.0))
     row = sec.tables[2].rows[0]
     assert row[2] == pytest.approx(2.0) and row[9] == pytest.approx(8.0 * 2.0)  # measured step
+    # at the run's own step cost (16 ms for 2 tokens), α = 1 gives 4 tokens: 10 / (16 / 4)
+    what_if = sec.tables[3]
+    assert what_if.columns[1:4] == ["α=0", "α=0.5", "α=1"]
+    assert what_if.rows[0][1:4] == pytest.approx([10.0 / 16.0, 10.0 / (16.0 / 1.875), 10.0 / 4.0])
     assert sec.get("measured speedup, ngram k=3").value == 1.25
     assert not math.isnan(proj.value)
