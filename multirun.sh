@@ -49,6 +49,9 @@ for a in "$@"; do
   p="${a%%:*}"
   if [[ "$a" == *:* && "$p" != *=* && -n "${SWEEP[$p]+set}" ]]; then
     only[$p]+="${a#*:}"$'\n'
+  elif [[ "$a" == *:* && "$p" =~ ^[A-Za-z_]*$ ]]; then  # looks like PHASE:..., no such phase
+    echo "multirun.sh: '$a': no phase '$p' (known: ${!SWEEP[*]})" >&2
+    exit 2
   else
     common+=("$a")
   fi
@@ -65,7 +68,7 @@ for phase in $PHASES; do
   fi
   echo "=== phase $phase (campaign $K25EXP_CAMPAIGN)"
   mapfile -t extra < <(printf '%s' "${only[$phase]:-}")
-  set -- "${common[@]}" "${extra[@]}"
+  set -- "${common[@]}" ${extra[@]+"${extra[@]}"}  # (bash < 4.4: empty arrays and set -u)
   if [[ "$phase" == report ]]; then
     # One job; its last lines say where the report is.
     "$PYTHON" -m k25exp experiment=report "$@" | tee "$report_log"

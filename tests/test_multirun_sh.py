@@ -24,3 +24,12 @@ def test_campaign_runs_phases_and_reports_failures(tmp_path):
     runs = c.search_runs([e.experiment_id for e in c.search_experiments()])
     assert len(runs) == 2  # parent + one child
     assert {r.data.tags.get("campaign") for r in runs} == {"c-test"}
+
+
+def test_a_mistyped_phase_prefix_stops_before_anything_runs(tmp_path):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHON": sys.executable}
+    p = subprocess.run(["./multirun.sh", "specdecode:experiment.num_speculative_tokens=5",
+                        f"paths.outputs={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "no phase 'specdecode'" in p.stderr
+    assert "=== phase" not in p.stdout and not (tmp_path / "mlflow.db").exists()

@@ -333,8 +333,9 @@ class SpecDecodeConfig(MacroConfig):
     # eagle, eagle3, mtp ... (vLLM checks the name).
     method: str = "ngram"
     num_speculative_tokens: int = 3
-    # Model-based methods only: a checkpoint folder, or "self" = the served checkpoint as its
-    # own draft (acceptance near 1 at temperature 0: the upper bound). Ignored by ngram/suffix.
+    # Model-based methods only: a checkpoint folder (draft model, EAGLE head ...), or, with
+    # method=draft_model, "self" = the served checkpoint as its own draft (the upper bound on
+    # acceptance at temperature 0). Ignored by ngram/suffix; "self" is ignored by eagle/mtp.
     draft_model: Optional[str] = "self"
     prompt_lookup_min: int = 1  # ngram: shortest n-gram matched
     prompt_lookup_max: int = 4  # ngram: longest n-gram matched

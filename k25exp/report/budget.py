@@ -41,6 +41,8 @@ from k25exp.gemm.shapes import model_gemm_shapes
 from k25exp.report.sources import Campaign, RunView
 
 W4A16 = ("marlin", "torch_int4", "w4a16_reference")
+QUANTIZED = ("expert_gate_up", "expert_down")
+PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories  # what Kimi's INT4 checkpoints quantize
 
 
 @dataclass
@@ -180,12 +182,11 @@ def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None) -> tup
 
 
 def _auto_kernel(run: RunView, label: str, model) -> Optional[str]:
-    """The kernel the server would run: the baseline for bf16 weights, else the fastest W4A16."""
+    """The kernel the server would run: the fastest W4A16 one for the GEMMs an INT4 checkpoint
+    quantizes (the routed experts: conf/model/kimi_k25_int4.yaml), the baseline otherwise."""
     baseline = run.param("experiment.baseline", str, "torch_bf16")
-    quant = getattr(model, "quant", None)
     method = run.params.get("model.quant.method", "none")
-    del quant
-    if method in ("none", ""):
+    if method in ("none", "") or label.split(".")[0] not in QUANTIZED:
         return baseline
     best = None
     for k in W4A16:
@@ -206,7 +207,10 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                               "single-stream p50, client clock") if macro else
                        _missing("TPOT at batch 1 (macro)", c.why_missing("macro"), "ms"))
     comm = burst.metrics.get("burst_ms") if burst else None
-    if burst:
+    if burst and comm is None:
+        sec.figures.append(_missing("communication per step (NCCL burst)",
+                                    f"run {burst.short} has no burst_ms", "ms"))
+    elif burst:
         ops = burst.param("experiment.ops_per_step", int)
         sec.figures.append(Figure(
             "communication per step (NCCL burst)", comm, "ms", [burst],
@@ -250,7 +254,9 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                                   f"{profile.metrics.get('decode_step_ms', float('nan')):.3f} ms, "
                                   f"{profile.metrics.get('steps_analysed', 0):.0f} steps"))
     else:
-        sec.figures.append(_missing("communication share (profile)", c.why_missing("profile"), "%"))
+        sec.figures.append(_missing("communication share (profile)",
+                                    f"profile run {profile.short} has no share_communication"
+                                    if profile else c.why_missing("profile"), "%"))
     if cs_burst is not None and cs_prof is not None:
         sec.figures.append(Figure("difference (burst − profile)", (cs_burst - cs_prof) * 100, "pp",
                                   [burst, macro, profile]))
@@ -264,10 +270,13 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
         per_rank = ("_min", "_median", "_max")
         shares = sorted(((k[6:], v) for k, v in profile.metrics.items()
                          if k.startswith("share_") and not k.endswith(per_rank)), key=lambda kv: -kv[1])
+        # the groups (communication, gemm) are sums of categories: listed after them
+        shares = ([kv for kv in shares if kv[0] not in PROFILE_GROUPS] +
+                  [(f"{k} (group)", v) for k, v in shares if k in PROFILE_GROUPS])
         sec.tables.append(Table(f"Profile: share of the decode step by category (run {profile.short})",
                                 ["category", "share %", "min over ranks %", "max over ranks %"],
-                                [[k, v, profile.metrics.get(f"share_{k}_min"),
-                                  profile.metrics.get(f"share_{k}_max")] for k, v in shares],
+                                [[k, v, profile.metrics.get(f"share_{k.split()[0]}_min"),
+                                  profile.metrics.get(f"share_{k.split()[0]}_max")] for k, v in shares],
                                 f"decode step {profile.metrics.get('decode_step_ms', float('nan')):.3f} ms"
                                 f" under the profiler, concurrency "
                                 f"{profile.param('experiment.concurrency')}"))
@@ -360,14 +369,38 @@ def expert_parallel(c: Campaign) -> Section:
 # speculative decoding
 
 
+FREE_DRAFTERS = ("ngram", "ngram_gpu", "suffix")  # no model: drafting costs host time only
+SPEC_PARAMS = ("experiment.method", "experiment.num_speculative_tokens", "experiment.draft_model",
+               "experiment.prompt_lookup_min", "experiment.prompt_lookup_max")
+
+
 def spec_key(r: RunView) -> tuple:
-    return (r.params.get("experiment.method"), r.params.get("experiment.num_speculative_tokens"),
-            r.params.get("experiment.draft_model"), r.params.get("experiment.extra"))
+    """What makes two spec_decode runs different settings (extra.* flattened per key)."""
+    return tuple(r.params.get(k) for k in SPEC_PARAMS) + tuple(sorted(
+        (k, v) for k, v in r.params.items() if k.startswith("experiment.extra.")))
 
 
-def self_draft(r: RunView) -> bool:
-    return r.params.get("experiment.method") not in ("ngram", "ngram_gpu", "suffix") and \
-        r.params.get("experiment.draft_model") == "self"
+def drafter(r: RunView) -> str:
+    """'free' (n-gram, suffix), 'self' (the target drafts: k full passes) or 'unknown'."""
+    method = r.params.get("experiment.method")
+    if method in FREE_DRAFTERS:
+        return "free"
+    if method == "draft_model" and r.params.get("experiment.draft_model") == "self":
+        return "self"
+    return "unknown"
+
+
+def spec_label(r: RunView) -> str:
+    method, k = r.params.get("experiment.method"), r.params.get("experiment.num_speculative_tokens")
+    d = r.params.get("experiment.draft_model")
+    label = f"{method} k={k}"
+    if drafter(r) == "self":
+        label += " (self-draft)"
+    elif method not in FREE_DRAFTERS and d not in (None, "null", "self"):
+        label += f" (draft {d.rstrip('/').rsplit('/', 1)[-1]})"
+    extra = [f"{k[len('experiment.extra.'):]}={v}" for k, v in sorted(r.params.items())
+             if k.startswith("experiment.extra.")]
+    return label + (f" [{', '.join(extra)}]" if extra else "")
 
 
 def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[int]) -> Section:
@@ -384,9 +417,16 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
     t1 = macro.metrics["single_stream_tpot_ms"] if macro else None
     levels = macro.history("tpot_ms_p50") if macro else {}
 
+    valid = macro.history("valid") if macro else {}
+
     def step_ms(k: int, drafter_full: bool) -> Optional[float]:
         v = levels.get(k + 1)
         return None if v is None else v + (k * t1 if drafter_full else 0.0)
+
+    lagged = sorted(c for c, v in valid.items() if not v and c in levels)
+    if lagged:
+        sec.notes.append(f"macro run {macro.short}: levels {lagged} are flagged invalid (the client "
+                         "lagged); their TPOT is still used as a verification cost")
 
     grid_ks = [k for k in draft_lengths if (k + 1) in levels]
     if macro:
@@ -405,10 +445,14 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
     rows = []
     points = []
     what_if: list[list] = []
-    for r in specs:
+    labels = [spec_label(r) for r in specs]
+    for r, label in zip(specs, labels):
+        if labels.count(label) > 1:  # settings the label can't tell apart
+            label = f"{label} #{r.short}"
         k = r.param("experiment.num_speculative_tokens", int)
         acc = r.metrics.get("single_stream_acceptance_rate")
         tpot = r.metrics.get("single_stream_tpot_ms")
+        base = r.metrics.get("baseline/single_stream_tpot_ms")
         speedup = r.metrics.get("spec_speedup")
         # Tokens per decode step as the client received them (one chunk per engine step at
         # batch 1), steps without a draft included. Not 1 + accepted/drafts: vLLM's accepted
@@ -420,31 +464,33 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                              "(1 when every step is its own chunk): the server coalesced steps, so "
                              "tokens/step of the speculative server is overstated too")
         a_eff = effective_alpha(per_step - 1, k) if per_step is not None else None
-        full = self_draft(r)
-        proj_tpot = step_ms(k, full) / expected_tokens(a_eff, k) if a_eff is not None and \
-            step_ms(k, full) is not None else None
-        proj = t1 / proj_tpot if proj_tpot else None
-        label = f"{r.params.get('experiment.method')} k={k}" + (" (self-draft)" if full else "")
-        rows.append([label, acc, per_step, a_eff, r.metrics.get("baseline/single_stream_tpot_ms"),
-                     tpot, proj_tpot, speedup, proj,
+        kind = drafter(r)
+        step = step_ms(k, kind == "self") if kind != "unknown" else None
+        proj_tpot = step / expected_tokens(a_eff, k) if a_eff is not None and step is not None else None
+        # over the run's own baseline, like the measured speedup: the two then differ only
+        # through the step cost
+        proj = base / proj_tpot if proj_tpot and base else None
+        rows.append([label, acc, per_step, a_eff, base, tpot, proj_tpot, speedup, proj,
                      tpot * per_step if tpot is not None and per_step is not None else None,
-                     step_ms(k, full), r])
+                     step, r])
         points.append((label, a_eff, speedup, proj))
-        base = r.metrics.get("baseline/single_stream_tpot_ms")
-        if tpot is not None and per_step is not None and base:
-            step = tpot * per_step  # this run's measured cost of one verification step
-            what_if.append([label] + [base / (step / expected_tokens(a, k)) for a in alphas] + [r])
         sec.figures.append(Figure(f"measured speedup, {label}", speedup, "×", [r],
                                   f"acceptance {acc if acc is not None else float('nan'):.3f}, "
                                   f"{per_step if per_step else float('nan'):.2f} tokens per step")
                            if speedup is not None else
                            _missing(f"measured speedup, {label}", "the run has no baseline"))
-        sec.figures.append(Figure(f"projected speedup, {label}", proj, "×",
-                                  _unique([r, macro]), f"at its α_eff "
-                                  f"{a_eff if a_eff is not None else float('nan'):.3f}")
-                           if proj is not None else
-                           _missing(f"projected speedup, {label}",
-                                    "needs macro TPOT at concurrency k+1 and the run's counters"))
+        if proj is not None:
+            sec.figures.append(Figure(f"projected speedup, {label}", proj, "×", _unique([r, macro]),
+                                      f"at its α_eff {a_eff:.3f}"))
+        else:
+            why = (f"the drafting cost of method {r.params.get('experiment.method')} with draft "
+                   f"{r.params.get('experiment.draft_model')} is not measured by any phase"
+                   if kind == "unknown" else
+                   "needs macro TPOT at concurrency k+1, the run's baseline and its tokens per step")
+            sec.figures.append(_missing(f"projected speedup, {label}", why))
+        if tpot is not None and per_step is not None and base:
+            step_meas = tpot * per_step  # this run's measured cost of one verification step
+            what_if.append([label] + [base / (step_meas / expected_tokens(a, k)) for a in alphas] + [r])
     if not specs:
         sec.figures.append(_missing("measured speedup", c.why_missing("spec_decode")))
     else:
@@ -453,10 +499,9 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                                  "spec TPOT ms", "projected TPOT ms", "measured ×", "projected ×",
                                  "measured step ms", "projected step ms", "run"], rows,
                                 "tokens/step = streamed tokens per chunk at batch 1; measured "
-                                "step = spec TPOT × tokens/step; "
-                                "projected step = macro TPOT at k+1 (+ k × TPOT for a self-draft); "
-                                "measured × is over the run's own baseline, projected × over "
-                                "macro's batch-1 TPOT"))
+                                "step = spec TPOT × tokens/step; projected step = macro TPOT at "
+                                "k+1 (+ k × TPOT for a self-draft); both speedups are over the "
+                                "run's own baseline"))
     if what_if:
         sec.tables.append(Table("Speedup at other acceptance rates, at each run's measured step cost",
                                 ["setting"] + [f"α={a:g}" for a in alphas] + ["run"], what_if,

@@ -140,6 +140,11 @@ def _md_cell(v: Any, ui_url: str) -> str:
     return fmt(v).replace("|", "\\|")
 
 
+def _md_text(s: str) -> str:
+    """Free text (notes, error messages) inside a Markdown table cell."""
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
 def _md_runs(runs: Sequence[RunView], ui_url: str) -> str:
     return ", ".join(f"[{r.short}]({run_url(ui_url, r)})" for r in runs)
 
@@ -151,13 +156,13 @@ def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pat
              f"Run links open in `k25exp ui` ({ui_url}).", "", "## Headline", "",
              "| figure | value | runs | note |", "|---|---|---|---|"]
     for f in headline(sections):
-        lines.append(f"| {f.label} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
-                     f"{(f.missing if f.value is None else f.note)} |")
+        lines.append(f"| {_md_text(f.label)} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
+                     f"{_md_text(f.missing if f.value is None else f.note)} |")
     for s in sections:
         lines += ["", f"## {s.title}", "", "| figure | value | runs | note |", "|---|---|---|---|"]
         for f in s.figures:
-            lines.append(f"| {f.label} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
-                         f"{(f.missing if f.value is None else f.note)} |")
+            lines.append(f"| {_md_text(f.label)} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
+                         f"{_md_text(f.missing if f.value is None else f.note)} |")
         for n in s.notes:
             lines += ["", f"- {n}"]
         if s.title in plot_files:

@@ -92,8 +92,10 @@ def latest_campaign(uri: str) -> str:
     if not ids:
         raise ReportError(f"no experiments in the MLflow store {uri}")
     for r in c.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=500):
-        if r.data.tags.get("k25exp.role") != "parent" and r.data.tags.get("campaign"):
-            return r.data.tags["campaign"]
+        t = r.data.tags
+        # phase runs only: a report run (of an old campaign, or a mistyped id) decides nothing
+        if t.get("k25exp.role") != "parent" and t.get("campaign") and t.get("k25exp.experiment") in PHASES:
+            return t["campaign"]
     raise ReportError(f"no run in {uri} has a campaign tag: run ./multirun.sh, or set "
                       "K25EXP_CAMPAIGN=<id> for the runs of one campaign")
 

@@ -9,6 +9,7 @@ run) and into <paths.outputs>/reports/<campaign>/. Prints the headline table.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from pathlib import Path
@@ -46,6 +47,12 @@ def _metric_name(label: str) -> str:
     return f"spec_{kind.split()[0]}_speedup.{slug}"
 
 
+def folder_name(campaign: str) -> str:
+    """The campaign id as one safe folder name (it comes from the environment)."""
+    name = re.sub(r"[^\w.-]", "_", campaign)
+    return name if name.strip(".") else "campaign_" + name.replace(".", "_")
+
+
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ReportConfig = cfg.experiment
     campaign = exp.campaign or latest_campaign(exp.tracking_uri)
@@ -66,7 +73,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     rec.set_tags({"report.campaign": campaign, "report.source_runs": " ".join(sources),
                   "report.missing_phases": " ".join(missing) or "none"})
 
-    stable = Path(cfg.paths.outputs) / "reports" / campaign
+    stable = Path(cfg.paths.outputs) / "reports" / folder_name(campaign)
     if stable.exists():
         shutil.rmtree(stable)
     shutil.copytree(out, stable, ignore=shutil.ignore_patterns("*.log", "*.yaml", ".hydra"))

@@ -59,9 +59,12 @@ def speculative_config(exp: SpecDecodeConfig, model_path: Path, cache_dir: Path)
     spec: dict[str, Any] = {"method": exp.method, "num_speculative_tokens": exp.num_speculative_tokens}
     if exp.method in ("ngram", "ngram_gpu"):
         spec.update(prompt_lookup_min=exp.prompt_lookup_min, prompt_lookup_max=exp.prompt_lookup_max)
-    elif exp.method not in MODEL_FREE and exp.draft_model:
-        spec["model"] = str(self_draft_checkpoint(model_path, cache_dir) if exp.draft_model == "self"
-                            else Path(exp.draft_model).resolve())
+    elif exp.method == "draft_model" and exp.draft_model == "self":
+        spec["model"] = str(self_draft_checkpoint(model_path, cache_dir))
+    elif exp.method not in MODEL_FREE and exp.draft_model and exp.draft_model != "self":
+        # a draft checkpoint, an EAGLE head ...; "self" means nothing to eagle/mtp (mtp reads
+        # the target's own MTP layers), so it is left to vLLM's default there
+        spec["model"] = str(Path(exp.draft_model).resolve())
     spec.update(dict(exp.extra))
     return spec
 
@@ -72,7 +75,7 @@ def describe(exp: SpecDecodeConfig) -> str:
         return ("n-gram prompt lookup, no draft model: drafts only where the last tokens repeat "
                 "earlier ones; k25exp's prompts are random tokens, so what it accepts comes from "
                 "repeats in the output (a random-weight model's greedy output loops)")
-    if exp.draft_model == "self" and exp.method not in MODEL_FREE:
+    if exp.draft_model == "self" and exp.method == "draft_model":
         return ("the served checkpoint as its own draft: at temperature 0 acceptance is near 1 "
                 "(the upper bound), at the cost of one full-model draft pass per draft token")
     return f"{exp.method} with draft {exp.draft_model or '(vLLM default)'}"

@@ -99,3 +99,52 @@ def test_spec_projection_uses_the_measured_verification_cost():
     assert what_if.rows[0][1:4] == pytest.approx([10.0 / 16.0, 10.0 / (16.0 / 1.875), 10.0 / 4.0])
     assert sec.get("measured speedup, ngram k=3").value == 1.25
     assert not math.isnan(proj.value)
+
+
+def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
+    model = {"model.hidden_size": "512", "model.num_hidden_layers": "2", "model.first_k_dense_replace": "0",
+             "model.n_routed_experts": "4", "model.num_experts_per_tok": "2", "model.n_shared_experts": "0",
+             "model.moe_intermediate_size": "64", "model.intermediate_size": "128",
+             "model.num_attention_heads": "2", "model.q_lora_rank": "0", "model.kv_lora_rank": "64",
+             "model.qk_nope_head_dim": "16", "model.qk_rope_head_dim": "16", "model.v_head_dim": "16",
+             "model.vocab_size": "256", "model.quant.method": "w4a16"}
+    from k25exp.gemm.shapes import model_gemm_shapes
+
+    names = [s.name for s in model_gemm_shapes(model_of_params(model), 1, True)]
+    steps, metrics = {}, {}
+    for n in names:  # marlin is faster than bf16 on every shape
+        for kern, us in (("torch_bf16", 10.0), ("marlin", 4.0)):
+            key = f"{n}.tp1/{kern}/latency_us"
+            steps[key], metrics[key] = {1: us}, us
+    gemm = RunView("g" * 32, "1", "gemm", "FINISHED", 0, params={**model, "experiment.tp": "1"},
+                   metrics=metrics, steps=steps)
+    total, table, missing, _ = budget.gemm_step([gemm])
+    kernels = {row[0]: row[3] for row in table.rows}
+    assert not missing and {n for n, k in kernels.items() if k == "marlin"} == {"expert_gate_up", "expert_down"}
+    assert set(kernels.values()) == {"marlin", "torch_bf16"}
+
+
+def model_of_params(params):
+    return budget.model_of(RunView("x", "1", "gemm", "FINISHED", 0, params=params))
+
+
+def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
+    macro = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {4: 16.0}})
+    common = {"experiment.method": "draft_model", "experiment.num_speculative_tokens": "3"}
+    m = {"single_stream_tpot_ms": 20.0, "baseline/single_stream_tpot_ms": 10.0, "spec_speedup": 0.5,
+         "single_stream_tokens_per_chunk": 2.0}
+    runs = [macro,
+            run("spec_decode", m, {**common, "experiment.draft_model": "self",
+                                   "experiment.extra.synthetic_acceptance_length": "2.5"}, t=1),
+            run("spec_decode", m, {**common, "experiment.draft_model": "self",
+                                   "experiment.extra.synthetic_acceptance_length": "1.5"}, t=2),
+            run("spec_decode", m, {**common, "experiment.draft_model": "/models/small-draft"}, t=3)]
+    sec = budget.speculative(Campaign("c", "uri", runs), [0.5], [3])
+    measured = [f.label for f in sec.figures if f.label.startswith("measured")]
+    assert len(measured) == 3 and len(set(measured)) == 3
+    assert "measured speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]" in measured
+    # a draft model nobody measured has no known drafting cost: no projection, and it says why
+    small = sec.get("projected speedup, draft_model k=3 (draft small-draft)")
+    assert small.value is None and "not measured" in small.missing
+    selfd = sec.get("projected speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]")
+    assert selfd.value == pytest.approx(10.0 / ((16.0 + 3 * 10.0) / 2.0))
