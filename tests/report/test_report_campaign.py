@@ -96,7 +96,15 @@ def test_report_figures_match_the_runs_they_name(full):
     assert m["phases_missing"] == 0
     # EP: computed inside both sweeps (break-even, or a figure saying EP never/always pays)
     md = Path(tags["k25exp.output_dir"], "report.md").read_text()
-    assert "| EP break-even concurrency |" in md and "| 1 | 1 |" in md
+    assert "| EP break-even concurrency |" in md
+    # the EP row at concurrency 1, recomputed from the two sweeps' histories (1 token per GPU,
+    # 1024 B AllReduce; tiny_kimi has 2 MoE layers)
+    a2a, ar = latest(runs, "all_to_all"), latest(runs, "allreduce_sweep")
+    a2a_us = {h.step: h.value for h in client.get_metric_history(a2a.info.run_id, "a2a_us")}[1]
+    ar_us = {h.step: h.value for h in client.get_metric_history(ar.info.run_id, "time_us")}[1024]
+    row = next(line for line in md.splitlines() if line.startswith("| 1 | 1 |")).split("|")
+    assert float(row[4]) == pytest.approx(2 * 2 * a2a_us / 1e3, abs=6e-4)
+    assert float(row[7]) == pytest.approx(2 * ar_us / 1e3, abs=6e-4)
     for r in (macro, burst, gemm, profile):
         assert f"#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}" in md
 
