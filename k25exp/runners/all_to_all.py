@@ -17,6 +17,7 @@ COLUMNS = [
     tables.Column("time(us)", "{:.2f}"), tables.Column("us/token", "{:.3f}"),
     tables.Column("algbw(GB/s)", "{:.3f}"), tables.Column("busbw(GB/s)", "{:.3f}"),
     tables.Column("#wrong", "{}", 8), tables.Column("blk_p50(us)", "{:.2f}"),
+    tables.Column("graph(us)", "{:.2f}"),
 ]
 
 
@@ -42,9 +43,11 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
              "busbw_gbps": busbw, "wrong": p.wrong}
         if p.blocking_s:
             m["a2a_blocking_us_p50"] = p.blocking_us(50)
+        if p.graph_burst_ms is not None:  # CUDA: the same burst replayed from a CUDA graph
+            m["a2a_us_graph"] = p.graph_burst_ms * 1e3 / p.burst
         rec.log_metrics(m, step=p.label)
         rows.append([p.label, p.nbytes, p.numel, exp.dtype, t, t / p.label, algbw, busbw,
-                     p.wrong, m.get("a2a_blocking_us_p50")])
+                     p.wrong, m.get("a2a_blocking_us_p50"), m.get("a2a_us_graph")])
         xs.append(p.label), lat.append(t)
 
     summary: dict[str, float] = {}

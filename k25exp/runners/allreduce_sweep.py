@@ -18,6 +18,7 @@ COLUMNS = [
     tables.Column("time(us)", "{:.2f}"), tables.Column("algbw(GB/s)", "{:.3f}"),
     tables.Column("busbw(GB/s)", "{:.3f}"), tables.Column("#wrong", "{}", 8),
     tables.Column("blk_p50(us)", "{:.2f}"), tables.Column("blk_p99(us)", "{:.2f}"),
+    tables.Column("graph(us)", "{:.2f}"), tables.Column("g_busbw", "{:.3f}"),
 ]
 
 
@@ -46,9 +47,13 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
              "wrong": p.wrong}
         if p.blocking_s:
             m.update(blocking_us_p50=p.blocking_us(50), blocking_us_p99=p.blocking_us(99))
+        if p.graph_burst_ms is not None:  # CUDA: the same burst replayed from a CUDA graph
+            m["time_us_graph"] = p.graph_burst_ms * 1e3 / p.burst
+            m["busbw_gbps_graph"] = bandwidths(p.nbytes, m["time_us_graph"] * 1e-6, "all_reduce", world)[1]
         rec.log_metrics(m, step=p.nbytes)
         rows.append([p.nbytes, p.numel, exp.dtype, "sum", p.queued_op_us, algbw, busbw, p.wrong,
-                     m.get("blocking_us_p50"), m.get("blocking_us_p99")])
+                     m.get("blocking_us_p50"), m.get("blocking_us_p99"), m.get("time_us_graph"),
+                     m.get("busbw_gbps_graph")])
         xs.append(p.nbytes), bus.append(busbw), t_us.append(p.queued_op_us)
     summary: dict[str, float] = {}
     if rows:
