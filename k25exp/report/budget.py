@@ -39,6 +39,7 @@ from typing import Any, Optional, Sequence
 
 from k25exp.gemm.shapes import model_gemm_shapes
 from k25exp.report.sources import Campaign, RunView
+from k25exp.serving.speculative import MODEL_FREE  # no model: drafting costs host time only
 
 W4A16 = ("marlin", "torch_int4", "w4a16_reference")
 QUANTIZED = ("expert_gate_up", "expert_down")
@@ -164,7 +165,7 @@ def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None) -> tup
         label = f"{s.name}.tp{tp}"
         found = None
         for r in gemm_runs:  # newest first: the latest run that timed this shape
-            k = kernel or _auto_kernel(r, label, model)
+            k = kernel or _auto_kernel(r, label)
             key = f"{label}/{k}/latency_us" if k else None
             if key and key in r.metrics and 1 in r.history(key):
                 found = (r, k, r.history(key)[1])
@@ -181,7 +182,7 @@ def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None) -> tup
     return (total / 1e3 if not missing else None), table, missing, used
 
 
-def _auto_kernel(run: RunView, label: str, model) -> Optional[str]:
+def _auto_kernel(run: RunView, label: str) -> Optional[str]:
     """The kernel the server would run: the fastest W4A16 one for the GEMMs an INT4 checkpoint
     quantizes (the routed experts: conf/model/kimi_k25_int4.yaml), the baseline otherwise."""
     baseline = run.param("experiment.baseline", str, "torch_bf16")
@@ -369,7 +370,6 @@ def expert_parallel(c: Campaign) -> Section:
 # speculative decoding
 
 
-FREE_DRAFTERS = ("ngram", "ngram_gpu", "suffix")  # no model: drafting costs host time only
 SPEC_PARAMS = ("experiment.method", "experiment.num_speculative_tokens", "experiment.draft_model",
                "experiment.prompt_lookup_min", "experiment.prompt_lookup_max")
 
@@ -383,7 +383,7 @@ def spec_key(r: RunView) -> tuple:
 def drafter(r: RunView) -> str:
     """'free' (n-gram, suffix), 'self' (the target drafts: k full passes) or 'unknown'."""
     method = r.params.get("experiment.method")
-    if method in FREE_DRAFTERS:
+    if method in MODEL_FREE:
         return "free"
     if method == "draft_model" and r.params.get("experiment.draft_model") == "self":
         return "self"
@@ -396,7 +396,7 @@ def spec_label(r: RunView) -> str:
     label = f"{method} k={k}"
     if drafter(r) == "self":
         label += " (self-draft)"
-    elif method not in FREE_DRAFTERS and d not in (None, "null", "self"):
+    elif method not in MODEL_FREE and d not in (None, "null", "self"):
         label += f" (draft {d.rstrip('/').rsplit('/', 1)[-1]})"
     extra = [f"{k[len('experiment.extra.'):]}={v}" for k, v in sorted(r.params.items())
              if k.startswith("experiment.extra.")]

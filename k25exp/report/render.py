@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from k25exp import plots
 from k25exp.report.budget import Figure, Section
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import PHASES, Campaign, RunView
 
 HEADLINE = ("TPOT at batch 1 (macro)", "communication share (burst / TPOT)",
             "communication share (profile)", "difference (burst − profile)",
@@ -173,10 +173,9 @@ def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pat
             lines += ["| " + " | ".join(_md_cell(v, ui_url) for v in row) + " |" for row in t.rows]
             if t.note:
                 lines += ["", f"_{t.note}_"]
-    missing = sorted({p for p in ("nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro",
-                                  "profile", "spec_decode") if not c.of(p)})
+    missing = sorted(c.missing_phases())
     lines += ["", "## Phases", "", "| phase | finished runs | other runs |", "|---|---|---|"]
-    for p in ("nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro", "profile", "spec_decode"):
+    for p in PHASES:
         fin = c.of(p)
         other = [r for r in c.of(p, None) if r.status != "FINISHED"]
         lines.append(f"| {p} | {_md_runs(fin, ui_url) or 'missing'} | "

@@ -66,6 +66,10 @@ class Campaign:
     def latest(self, phase: str, where: Callable[[RunView], bool] = lambda r: True) -> Optional[RunView]:
         return next((r for r in self.of(phase) if where(r)), None)
 
+    def missing_phases(self) -> list[str]:
+        """Phases (in campaign order) without a finished run."""
+        return [p for p in PHASES if not self.of(p)]
+
     def why_missing(self, phase: str, what: str = "") -> str:
         """Why there is no usable run of `phase`: failed runs named with their error."""
         bad = [r for r in self.of(phase, None) if r.status != "FINISHED"]

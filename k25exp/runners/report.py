@@ -64,8 +64,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
 
     figs = [f for s in sections for f in s.figures]
     summary = {_metric_name(f.label): f.value for f in figs if f.value is not None}
-    missing = [p for p in ("nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro",
-                           "profile", "spec_decode") if not c.of(p)]
+    missing = c.missing_phases()
     summary["phases_missing"] = len(missing)
     summary["figures_missing"] = sum(f.value is None for f in figs)
     rec.log_metrics(summary)

@@ -56,7 +56,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     if exp.baseline:
         variants["baseline"] = cfg.server
     order = list(variants)
-    if exp.baseline and _running(cfg):
+    if exp.baseline and _running(cfg, model_path):
         order = ["baseline", "spec"]  # reuse it: one server start fewer
 
     caps: dict[str, Capture] = {}
@@ -71,27 +71,22 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     return summary
 
 
-def _running(cfg: K25Config) -> bool:
+def _running(cfg: K25Config, model_path: Path) -> bool:
     """Whether the baseline's server (same launch) is already up in this process."""
     if cfg.server.kind != "vllm":
         return False
     try:
-        path, _ = srv_mod.resolve_model_path(cfg.server, cfg.model, cfg.seed)
-        key = srv_mod.launch_spec(cfg.server, path, cfg.hardware.device).key()
+        key = srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device).key()
     except srv_mod.ServerError:
         return False
     return any(s.key == key for s in srv_mod.running())
 
 
-def _last(cap: Capture, key: str):
-    vals = [v for k, v, s in cap.metrics if k == key and s is None]
-    return vals[-1] if vals else None
-
-
 def _compare(exp: SpecDecodeConfig, spec: Capture, base: Capture, out: Path,
              rec: Recorder) -> dict[str, float]:
     summary: dict[str, float] = {}
-    s1, b1 = _last(spec, "single_stream_tpot_ms"), _last(base, "single_stream_tpot_ms")
+    s1 = spec.latest("single_stream_tpot_ms").get(None)  # step None: a summary figure
+    b1 = base.latest("single_stream_tpot_ms").get(None)
     if s1 and b1:
         summary["spec_speedup"] = b1 / s1
         rec.log_metrics(summary)

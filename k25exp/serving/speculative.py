@@ -13,13 +13,10 @@ weights (symlinks) under a config.json that says deepseek_v2, the same architect
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 from k25exp.config.schema import SpecDecodeConfig
-
-log = logging.getLogger(__name__)
 
 # Methods that need no draft model: the draft_model field is ignored for them.
 MODEL_FREE = ("ngram", "ngram_gpu", "suffix")
@@ -76,6 +73,7 @@ def describe(exp: SpecDecodeConfig) -> str:
                 "earlier ones; k25exp's prompts are random tokens, so what it accepts comes from "
                 "repeats in the output (a random-weight model's greedy output loops)")
     if exp.draft_model == "self" and exp.method == "draft_model":
-        return ("the served checkpoint as its own draft: at temperature 0 acceptance is near 1 "
-                "(the upper bound), at the cost of one full-model draft pass per draft token")
+        return ("the served checkpoint as its own draft: at temperature 0 only numerics (ties "
+                "broken differently by batched and single-token kernels) reject a draft, the "
+                "upper bound on acceptance, at the cost of one full-model pass per draft token")
     return f"{exp.method} with draft {exp.draft_model or '(vLLM default)'}"
