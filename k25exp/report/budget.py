@@ -207,6 +207,9 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
     sec.figures.append(Figure("TPOT at batch 1 (macro)", tpot, "ms", [macro],
                               "single-stream p50, client clock") if macro else
                        _missing("TPOT at batch 1 (macro)", c.why_missing("macro"), "ms"))
+    if macro and macro.metrics.get("single_stream_valid") == 0:
+        sec.notes.append(f"macro run {macro.short}: the single-stream phase is flagged invalid (the "
+                         "client lagged), so its TPOT includes client delay; rerun on a quieter host")
     comm = burst.metrics.get("burst_ms") if burst else None
     if burst and comm is None:
         sec.figures.append(_missing("communication per step (NCCL burst)",

@@ -3,7 +3,8 @@
 Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer's count),
 `output_tokens` generated with ignore_eos, greedy, a fixed seed:
   1. warm-up: `warmup` requests one at a time, recorded as phase "warmup", never in figures;
-  2. single stream: `single_stream_requests` one at a time → single_stream_* figures;
+  2. single stream: `single_stream_requests` one at a time → single_stream_* figures
+     (single_stream_valid = 0 when the client lagged, as for a level);
   3. sweep: for each concurrency C a closed loop of C workers → figures at step C.
 The prefix cache is reset before phases 2 and 3 and before every level, so no level reuses
 another's prompts' KV. Figure definitions: k25exp.serving.figures and .server_metrics.
@@ -280,13 +281,19 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                           "single_stream_errors": figs["errors"],
                           "single_stream_tokens_per_chunk": figs.get("tokens_per_chunk"),
                           "single_stream_server_tpot_ms_mean": figs.get("server_tpot_ms_mean"),
-                          "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean")}
+                          "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean"),
+                          "single_stream_client_lag_ms_p99": figs.get("client_lag_ms_p99"),
+                          "single_stream_client_loop_lag_ms_mean": figs.get("client_loop_lag_ms_mean"),
+                          "single_stream_client_loop_lag_ms_p99": figs.get("client_loop_lag_ms_p99"),
+                          "single_stream_valid": figs["valid"]}
                 single = {k: v for k, v in single.items() if v is not None}
                 single.update({f"single_stream_{k}": v for k, v in srv.items()
                                if k.startswith(("spec_", "accept", "mean_accept"))})
                 if "single_stream_server_tpot_ms_mean" in single and "single_stream_tpot_ms_mean" in single:
                     s = single["single_stream_server_tpot_ms_mean"]
                     single["single_stream_tpot_gap_pct"] = (single["single_stream_tpot_ms_mean"] - s) / s * 100
+                if not figs["valid"]:
+                    _warn_invalid("the single-stream phase", figs, exp.max_client_lag_ms)
                 rec.log_metrics(single)
                 summary.update(single)
                 if src:
@@ -319,11 +326,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 srv, _ = await _server_view(http, conn.model, before, figs["completed"])
                 figs.update(srv)
                 if not figs["valid"]:
-                    log.warning("level c=%d invalid: the client lagged (send lag p99 %.1f ms, "
-                                "loop lag mean %.1f ms, limit %.1f ms; CPU %.0f %% of a core)", c,
-                                figs.get("client_lag_ms_p99", 0),
-                                figs.get("client_loop_lag_ms_mean", 0), exp.max_client_lag_ms,
-                                100 * figs.get("client_cpu_util", 0))
+                    _warn_invalid(f"level c={c}", figs, exp.max_client_lag_ms)
                 rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
                 measured.append((c, figs))
                 rows.append([c] + [figs.get(k) for k in ROW_KEYS])
@@ -348,6 +351,12 @@ async def _settle(http: httpx.AsyncClient, conn: Connection, timeout_s: float = 
         except httpx.HTTPError:
             pass
         await asyncio.sleep(0.2)
+
+
+def _warn_invalid(what: str, figs: dict, limit_ms: float) -> None:
+    log.warning("%s invalid: the client lagged (send lag p99 %.1f ms, loop lag mean %.1f ms, "
+                "limit %.1f ms; CPU %.0f %% of a core)", what, figs.get("client_lag_ms_p99", 0),
+                figs.get("client_loop_lag_ms_mean", 0), limit_ms, 100 * figs.get("client_cpu_util", 0))
 
 
 def _check_alive(conn: Connection, what: str) -> None:

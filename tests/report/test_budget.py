@@ -71,6 +71,14 @@ def test_missing_phases_are_named_never_filled():
     assert "profile" in sec.get("communication share (profile)").missing
 
 
+def test_a_lagged_single_stream_phase_is_called_out():
+    burst = run("nccl_burst", {"burst_ms": 1.0}, params={"experiment.tokens": "1"})
+    notes = lambda valid: budget.decode_budget(Campaign("c", "uri", [run(
+        "macro", {"single_stream_tpot_ms": 10.0, "single_stream_valid": valid}), burst])).notes
+    assert not any("single-stream phase is flagged invalid" in n for n in notes(1.0))
+    assert any("single-stream phase is flagged invalid" in n for n in notes(0.0))
+
+
 def test_spec_projection_uses_the_measured_verification_cost():
     macro = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {1: 10.0, 2: 12.0, 4: 16.0}})
     spec = run("spec_decode", {"single_stream_tpot_ms": 8.0, "baseline/single_stream_tpot_ms": 10.0,
