@@ -31,7 +31,7 @@ from k25exp import plots, tables
 from k25exp.config.schema import K25Config, MacroConfig
 from k25exp.serving import server_metrics
 from k25exp.serving.client import CompletionClient, run_level
-from k25exp.serving.figures import level_figures, saturation
+from k25exp.serving.figures import level_figures, saturation, tpot_gap_pct
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerDied, ServerError, connect, release
 from k25exp.runners.server_run import copy_server_log, record_server
@@ -64,7 +64,7 @@ LEVEL_METRICS = {  # logged at step = concurrency
     "client_lag_ms_p99", "client_lag_ms_max", "client_loop_lag_ms_p99", "client_loop_lag_ms_p50",
     "client_loop_lag_ms_mean", "client_cpu_util",
     "valid", "wall_s", "server_tpot_ms_mean", "server_ttft_ms_mean", "server_itl_ms_mean",
-    "server_e2e_ms_mean", "server_requests",
+    "server_e2e_ms_mean", "server_requests", "tpot_gap_pct",
     # speculative decoding, when the server runs it (server_metrics.spec_figures)
     "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
     "mean_accepted_tokens", "mean_acceptance_length", "tokens_per_chunk",
@@ -289,9 +289,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 single = {k: v for k, v in single.items() if v is not None}
                 single.update({f"single_stream_{k}": v for k, v in srv.items()
                                if k.startswith(("spec_", "accept", "mean_accept"))})
-                if "single_stream_server_tpot_ms_mean" in single and "single_stream_tpot_ms_mean" in single:
-                    s = single["single_stream_server_tpot_ms_mean"]
-                    single["single_stream_tpot_gap_pct"] = (single["single_stream_tpot_ms_mean"] - s) / s * 100
+                if tpot_gap_pct(figs) is not None:
+                    single["single_stream_tpot_gap_pct"] = tpot_gap_pct(figs)
                 if not figs["valid"]:
                     _warn_invalid("the single-stream phase", figs, exp.max_client_lag_ms)
                 rec.log_metrics(single)
@@ -325,6 +324,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                           f"level concurrency={c}: {type(e).__name__}: {e}") from None
                 srv, _ = await _server_view(http, conn.model, before, figs["completed"])
                 figs.update(srv)
+                if tpot_gap_pct(figs) is not None:
+                    figs["tpot_gap_pct"] = tpot_gap_pct(figs)
                 if not figs["valid"]:
                     _warn_invalid(f"level c={c}", figs, exp.max_client_lag_ms)
                 rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)

@@ -24,6 +24,7 @@ Per level (requests that failed count in `errors` only):
     valid          1 unless the client lagged: client_lag_ms_p99 or client_loop_lag_ms_mean
                    above max_client_lag_ms, or client_cpu_util above 0.9 (one event loop
                    near a full core). Then the level measured the client, not the server.
+    tpot_gap_pct   (client mean TPOT − server mean TPOT) / server's, % (tpot_gap_pct())
 Percentiles are linear interpolation between order statistics (numpy's default).
 """
 
@@ -85,6 +86,16 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
                        and m.get("client_loop_lag_ms_mean", 0.0) <= max_client_lag_ms
                        and m.get("client_cpu_util", 0.0) <= MAX_CLIENT_CPU)
     return m
+
+
+def tpot_gap_pct(figs: dict) -> Optional[float]:
+    """(client's mean TPOT − server's mean TPOT) / server's, in %. Both follow the same
+    definition, so the gap is delivery delay on top of the engine's: chunks held back by a busy
+    API process, or a client that lagged. None without the server's figure."""
+    client, server = figs.get("tpot_ms_mean"), figs.get("server_tpot_ms_mean")
+    if client is None or not server:
+        return None
+    return (client - server) / server * 100
 
 
 def saturation(levels: Sequence[int], tok_s: Sequence[float], gain: float) -> Optional[int]:
