@@ -117,10 +117,11 @@ def test_client_and_server_tpot_agree(macro):
     if summary["single_stream_valid"]:
         gaps = [summary[k] - server_ms for k in ("single_stream_tpot_ms_mean", "single_stream_tpot_ms")]
         assert min(map(abs, gaps)) <= 0.15 * server_ms + 1.0, (gaps, server_ms)
+        compared += 1
     assert summary["single_stream_tpot_gap_pct"] == pytest.approx(
         (summary["single_stream_tpot_ms_mean"] - server_ms) / server_ms * 100)
     assert rec.latest("server_ttft_ms_mean")[1] <= rec.latest("ttft_ms_mean")[1] + 1.0
-    if not compared and not summary["single_stream_valid"]:
+    if not compared:
         # Seen only with two vLLM test runs sharing the 2 cores: the runner did its job.
         pytest.skip("every phase was flagged invalid (the host starved the client): no client "
                     "figure to hold against the server's")
