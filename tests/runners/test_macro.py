@@ -96,9 +96,12 @@ def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(tmp_pat
     # as soon as the API server process exists (before it has started anything itself).
     for sig, stage in ((signal.SIGINT, "Worker"), (signal.SIGTERM, "vllm.entrypoints")):
         out = tmp_path / sig.name
+        # A shell's background job inherits SIGINT ignored, and Python then never turns it
+        # into KeyboardInterrupt: give the child the terminal's default, as a user's has.
         p = subprocess.Popen([sys.executable, "-m", "k25exp", *TINY, "tracking=none",
                               f"paths.outputs={out}"], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
+                             stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 120
             while not any(stage in c for _, c in vllm_processes()):
