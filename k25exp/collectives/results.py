@@ -64,6 +64,11 @@ class PointResult:
     def graph_burst_ms(self) -> Optional[float]:
         return median(self.graph_s) * 1e3 if self.graph_s else None
 
+    @property
+    def graph_op_us(self) -> Optional[float]:
+        """queued_op_us for the same burst replayed from a CUDA graph (None off CUDA)."""
+        return median(self.graph_s) / self.burst * 1e6 if self.graph_s else None
+
 
 @dataclass
 class RankFiles:

@@ -42,8 +42,8 @@ from k25exp.report.sources import Campaign, RunView
 from k25exp.serving.speculative import MODEL_FREE  # no model: drafting costs host time only
 
 W4A16 = ("marlin", "torch_int4", "w4a16_reference")
-QUANTIZED = ("expert_gate_up", "expert_down")
-PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories  # what Kimi's INT4 checkpoints quantize
+QUANTIZED = ("expert_gate_up", "expert_down")  # what Kimi's INT4 checkpoints quantize
+PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories
 
 
 @dataclass
@@ -276,11 +276,12 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                          if k.startswith("share_") and not k.endswith(per_rank)), key=lambda kv: -kv[1])
         # the groups (communication, gemm) are sums of categories: listed after them
         shares = ([kv for kv in shares if kv[0] not in PROFILE_GROUPS] +
-                  [(f"{k} (group)", v) for k, v in shares if k in PROFILE_GROUPS])
+                  [kv for kv in shares if kv[0] in PROFILE_GROUPS])
         sec.tables.append(Table(f"Profile: share of the decode step by category (run {profile.short})",
                                 ["category", "share %", "min over ranks %", "max over ranks %"],
-                                [[k, v, profile.metrics.get(f"share_{k.split()[0]}_min"),
-                                  profile.metrics.get(f"share_{k.split()[0]}_max")] for k, v in shares],
+                                [[f"{k} (group)" if k in PROFILE_GROUPS else k, v,
+                                  profile.metrics.get(f"share_{k}_min"),
+                                  profile.metrics.get(f"share_{k}_max")] for k, v in shares],
                                 f"decode step {profile.metrics.get('decode_step_ms', float('nan')):.3f} ms"
                                 f" under the profiler, concurrency "
                                 f"{profile.param('experiment.concurrency')}"))

@@ -149,20 +149,21 @@ def _md_runs(runs: Sequence[RunView], ui_url: str) -> str:
     return ", ".join(f"[{r.short}]({run_url(ui_url, r)})" for r in runs)
 
 
+def _md_figure(f: Figure, ui_url: str) -> str:
+    return (f"| {_md_text(f.label)} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
+            f"{_md_text(f.missing if f.value is None else f.note)} |")
+
+
 def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Path],
              ui_url: str, folder: Path, generated: str) -> str:
     lines = [f"# k25exp campaign report: {c.id}", "",
              f"Store `{c.uri}`, {len(c.runs)} phase runs; generated {generated}. "
              f"Run links open in `k25exp ui` ({ui_url}).", "", "## Headline", "",
              "| figure | value | runs | note |", "|---|---|---|---|"]
-    for f in headline(sections):
-        lines.append(f"| {_md_text(f.label)} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
-                     f"{_md_text(f.missing if f.value is None else f.note)} |")
+    lines += [_md_figure(f, ui_url) for f in headline(sections)]
     for s in sections:
         lines += ["", f"## {s.title}", "", "| figure | value | runs | note |", "|---|---|---|---|"]
-        for f in s.figures:
-            lines.append(f"| {_md_text(f.label)} | {_value(f)} | {_md_runs(f.runs, ui_url)} | "
-                         f"{_md_text(f.missing if f.value is None else f.note)} |")
+        lines += [_md_figure(f, ui_url) for f in s.figures]
         for n in s.notes:
             lines += ["", f"- {n}"]
         if s.title in plot_files:

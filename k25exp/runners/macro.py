@@ -271,7 +271,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                      res["loop_lag_ms"], exp.max_client_lag_ms,
                                      exp.output_tokens, exp.input_tokens)
                 srv, src = await _server_view(http, conn.model, before, figs["completed"])
-                figs.update(srv)
+                _merge_server(figs, srv)
                 single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
                           "single_stream_tpot_ms_mean": figs.get("tpot_ms_mean"),
                           "single_stream_ttft_ms": figs.get("ttft_ms_p50"),
@@ -285,12 +285,11 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                           "single_stream_client_lag_ms_p99": figs.get("client_lag_ms_p99"),
                           "single_stream_client_loop_lag_ms_mean": figs.get("client_loop_lag_ms_mean"),
                           "single_stream_client_loop_lag_ms_p99": figs.get("client_loop_lag_ms_p99"),
+                          "single_stream_tpot_gap_pct": figs.get("tpot_gap_pct"),
                           "single_stream_valid": figs["valid"]}
                 single = {k: v for k, v in single.items() if v is not None}
                 single.update({f"single_stream_{k}": v for k, v in srv.items()
                                if k.startswith(("spec_", "accept", "mean_accept"))})
-                if tpot_gap_pct(figs) is not None:
-                    single["single_stream_tpot_gap_pct"] = tpot_gap_pct(figs)
                 if not figs["valid"]:
                     _warn_invalid("the single-stream phase", figs, exp.max_client_lag_ms)
                 rec.log_metrics(single)
@@ -323,9 +322,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                         raise ServerError(f"endpoint {conn.base_url} stopped answering during "
                                           f"level concurrency={c}: {type(e).__name__}: {e}") from None
                 srv, _ = await _server_view(http, conn.model, before, figs["completed"])
-                figs.update(srv)
-                if tpot_gap_pct(figs) is not None:
-                    figs["tpot_gap_pct"] = tpot_gap_pct(figs)
+                _merge_server(figs, srv)
                 if not figs["valid"]:
                     _warn_invalid(f"level c={c}", figs, exp.max_client_lag_ms)
                 rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
@@ -352,6 +349,14 @@ async def _settle(http: httpx.AsyncClient, conn: Connection, timeout_s: float = 
         except httpx.HTTPError:
             pass
         await asyncio.sleep(0.2)
+
+
+def _merge_server(figs: dict, srv: dict) -> None:
+    """The server's view of a phase into its figures, with the client-vs-server TPOT gap."""
+    figs.update(srv)
+    gap = tpot_gap_pct(figs)
+    if gap is not None:
+        figs["tpot_gap_pct"] = gap
 
 
 def _warn_invalid(what: str, figs: dict, limit_ms: float) -> None:

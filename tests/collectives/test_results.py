@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from k25exp.collectives.results import bandwidths, bus_factor, find_knee, read_rank_files
+from k25exp.collectives.results import PointResult, bandwidths, bus_factor, find_knee, read_rank_files
 
 
 def test_bus_factors_are_nccl_tests_definitions():
@@ -57,3 +57,9 @@ def test_wrong_elements_are_summed_with_detail(tmp_path):
     _write(tmp_path / "rank1.jsonl", [env[1], bad])
     (p,) = read_rank_files(tmp_path).points
     assert p.wrong == 3 and p.wrong_detail[0]["rank"] == 1
+
+
+def test_graph_op_time_is_the_graph_burst_over_its_length():
+    p = PointResult(index=0, label=1, nbytes=8, numel=4, burst=4, queued_s=[1.0], graph_s=[0.2, 0.4, 0.3])
+    assert p.graph_burst_ms == pytest.approx(300.0) and p.graph_op_us == pytest.approx(0.3 / 4 * 1e6)
+    assert PointResult(index=0, label=1, nbytes=8, numel=4, burst=4, queued_s=[1.0]).graph_op_us is None  # no CUDA
