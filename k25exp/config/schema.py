@@ -315,6 +315,13 @@ class MacroConfig:
     # time) or the mean of its event loop's wake-up lag above this, or its CPU above 90 % of
     # a core. Its figures would then measure the client, not the server.
     max_client_lag_ms: float = 20.0
+    # A level is also invalid when tokens made on time reached the client late, in a burst
+    # (k25exp.serving.stalls): a run of >= stall_min_chunks chunks each within
+    # stall_burst_frac x the decode step of the last, after a silence of >= 2 steps and
+    # >= stall_min_gap_ms.
+    stall_burst_frac: float = 0.1
+    stall_min_chunks: int = 3
+    stall_min_gap_ms: float = 5.0
     progress: bool = True
     fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
 

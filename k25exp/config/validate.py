@@ -187,6 +187,13 @@ def _check_macro(c: K25Config, p: list[str]) -> None:
                                   "request_timeout_s", "max_client_lag_ms"], p)
     _non_negative(exp, "experiment", ["warmup", "single_stream_requests",
                                       "saturation_gain", "temperature"], p)
+    _non_negative(exp, "experiment", ["stall_min_gap_ms"], p)
+    if not 0 < exp.stall_burst_frac < 1:
+        p.append(f"experiment.stall_burst_frac={exp.stall_burst_frac}: expected a fraction of a "
+                 "decode step, 0 < x < 1")
+    if exp.stall_min_chunks < 2:
+        p.append(f"experiment.stall_min_chunks={exp.stall_min_chunks}: expected >= 2 (a burst "
+                 "is at least two chunks closer together than a decode step)")
     if exp.output_tokens == 1:
         p.append("experiment.output_tokens=1: TPOT needs at least 2 output tokens")
     if not exp.concurrency or any(x <= 0 for x in exp.concurrency):

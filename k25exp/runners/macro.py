@@ -7,7 +7,9 @@ Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer'
      (single_stream_valid = 0 when the client lagged, as for a level);
   3. sweep: for each concurrency C a closed loop of C workers → figures at step C.
 The prefix cache is reset before phases 2 and 3 and before every level, so no level reuses
-another's prompts' KV. Figure definitions: k25exp.serving.figures and .server_metrics.
+another's prompts' KV. Each phase is flagged invalid when the client lagged or when
+tokens reached it late in a burst (a delivery stall, k25exp.serving.stalls); its figures are
+logged all the same, with the TPOT of the requests no stall touched beside them. Figure definitions: k25exp.serving.figures and .server_metrics.
 
 Artifacts: requests.jsonl (one line per request, every phase), results.txt/.csv (one row per
 level), plots/, server.log (the server's log over this job). A server that dies ends the job
@@ -31,7 +33,9 @@ from k25exp import plots, tables
 from k25exp.config.schema import K25Config, MacroConfig
 from k25exp.serving import server_metrics
 from k25exp.serving.client import CompletionClient, run_level
-from k25exp.serving.figures import level_figures, saturation, tpot_gap_pct
+from k25exp.serving.figures import (describe_invalid, invalid_reason, level_figures, saturation,
+                                    tpot_gap_pct)
+from k25exp.serving.stalls import StallRule
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerDied, ServerError, connect, release
 from k25exp.runners.server_run import copy_server_log, record_server
@@ -49,20 +53,23 @@ COLUMNS = [
     tables.Column("srv_tpot", "{:.2f}", 10), tables.Column("itl_p50", "{:.2f}", 9),
     tables.Column("itl_p99", "{:.2f}", 9), tables.Column("e2e_p50", "{:.0f}", 9),
     tables.Column("lag_p99", "{:.2f}", 9), tables.Column("loop", "{:.2f}", 7),
-    tables.Column("cpu", "{:.2f}", 6),
-    tables.Column("valid", "{:.0f}", 6),
+    tables.Column("cpu", "{:.2f}", 6), tables.Column("stalls", "{:.0f}", 7),
+    tables.Column("stall_max", "{:.0f}", 10), tables.Column("tpot_nostall", "{:.2f}", 13),
+    tables.Column("valid", "{:.0f}", 6), tables.Column("why", "{}", 29),
 ]
 ROW_KEYS = ["requests", "errors", "output_tok_s", "request_s", "ttft_ms_p50", "ttft_ms_p99",
             "tpot_ms_p50", "tpot_ms_p99", "server_tpot_ms_mean", "itl_ms_p50", "itl_ms_p99",
             "e2e_ms_p50", "client_lag_ms_p99", "client_loop_lag_ms_mean", "client_cpu_util",
-            "valid"]
+            "delivery_stalls", "delivery_stall_ms_max", "tpot_ms_mean_no_stalls", "valid"]
 LEVEL_METRICS = {  # logged at step = concurrency
     "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean", "tpot_ms_p50", "tpot_ms_p90",
     "tpot_ms_p99", "tpot_ms_mean", "itl_ms_p50", "itl_ms_p99", "itl_ms_mean", "e2e_ms_p50",
     "e2e_ms_p99", "e2e_ms_mean", "output_tok_s", "request_s", "errors", "requests", "completed",
     "malformed_chunks", "output_tokens_mismatch", "prompt_tokens_mismatch", "client_lag_ms_p50",
     "client_lag_ms_p99", "client_lag_ms_max", "client_loop_lag_ms_p99", "client_loop_lag_ms_p50",
-    "client_loop_lag_ms_mean", "client_cpu_util",
+    "client_loop_lag_ms_mean", "client_cpu_util", "client_lagged",
+    "delivery_stalls", "stalled_requests", "delivery_stall_ms_max", "delivery_stall_ms_total",
+    "stall_ref_step_ms", "tpot_ms_mean_no_stalls", "tpot_ms_p50_no_stalls", "tpot_n_no_stalls",
     "valid", "wall_s", "server_tpot_ms_mean", "server_ttft_ms_mean", "server_itl_ms_mean",
     "server_e2e_ms_mean", "server_requests", "tpot_gap_pct",
     # speculative decoding, when the server runs it (server_metrics.spec_figures)
@@ -212,6 +219,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     rows, measured = [], []
     cache: dict = {}
     killed = {"done": False}
+    rule = StallRule(exp.stall_burst_frac, exp.stall_min_chunks, exp.stall_min_gap_ms)
 
     async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
                                 max_connections=max(exp.concurrency) + 4,
@@ -223,7 +231,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             return not conn.alive()
 
         async def phase(name: str, level: int, c: int, n: Optional[int], duration: Optional[float],
-                        first_prompt: int, progress: _Progress) -> dict:
+                        first_prompt: int, progress: _Progress) -> tuple[dict, dict]:
+            """Runs one phase; returns its raw result and its figures (client side)."""
             errors = done = 0
             task = progress.task(f"{name} c={c}", n)
             f = exp.fault
@@ -252,11 +261,14 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             finally:
                 gc.enable()
             gc.collect()
+            figs = level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
+                                 exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
+                                 rule)  # also marks each record's delivery stalls
             # Written once the level is over: no disk I/O in the event loop while it measures
             # (a write stalled by other processes' writeback would show up as client lag).
             jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
             jsonl.flush()
-            return res
+            return res, figs
 
         with _Progress(exp.progress) as progress:
             if exp.warmup:
@@ -265,11 +277,9 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             if exp.single_stream_requests:
                 await _reset_prefix_cache(http, cache)
                 before = await _scrape(http, conn.model)
-                res = await phase("single", 1, 1, exp.single_stream_requests, None, 0, progress)
+                res, figs = await phase("single", 1, 1, exp.single_stream_requests, None, 0,
+                                        progress)
                 _check_alive(conn, "the single-stream phase")
-                figs = level_figures(res["records"], res["wall_s"], res["cpu_s"],
-                                     res["loop_lag_ms"], exp.max_client_lag_ms,
-                                     exp.output_tokens, exp.input_tokens)
                 srv, src = await _server_view(http, conn.model, before, figs["completed"])
                 _merge_server(figs, srv)
                 single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
@@ -286,12 +296,17 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                           "single_stream_client_loop_lag_ms_mean": figs.get("client_loop_lag_ms_mean"),
                           "single_stream_client_loop_lag_ms_p99": figs.get("client_loop_lag_ms_p99"),
                           "single_stream_tpot_gap_pct": figs.get("tpot_gap_pct"),
+                          "single_stream_client_lagged": figs["client_lagged"],
+                          "single_stream_delivery_stalls": figs["delivery_stalls"],
+                          "single_stream_delivery_stall_ms_max": figs["delivery_stall_ms_max"],
+                          "single_stream_tpot_ms_no_stalls": figs.get("tpot_ms_p50_no_stalls"),
                           "single_stream_valid": figs["valid"]}
                 single = {k: v for k, v in single.items() if v is not None}
                 single.update({f"single_stream_{k}": v for k, v in srv.items()
                                if k.startswith(("spec_", "accept", "mean_accept"))})
                 if not figs["valid"]:
-                    _warn_invalid("the single-stream phase", figs, exp.max_client_lag_ms)
+                    log.warning(describe_invalid("the single-stream phase", figs,
+                                                 exp.max_client_lag_ms))
                 rec.log_metrics(single)
                 summary.update(single)
                 if src:
@@ -301,10 +316,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 await _reset_prefix_cache(http, cache)
                 before = await _scrape(http, conn.model)
                 n = None if exp.duration_s else requests_for(exp, c)
-                res = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
-                figs = level_figures(res["records"], res["wall_s"], res["cpu_s"],
-                                     res["loop_lag_ms"], exp.max_client_lag_ms,
-                                     exp.output_tokens, exp.input_tokens)
+                res, figs = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
                 if figs["errors"] and conn.managed is not None:
                     await _settle(http, conn)  # a dying server closes sockets before it exits
                 if not conn.alive():
@@ -324,10 +336,10 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 srv, _ = await _server_view(http, conn.model, before, figs["completed"])
                 _merge_server(figs, srv)
                 if not figs["valid"]:
-                    _warn_invalid(f"level c={c}", figs, exp.max_client_lag_ms)
+                    log.warning(describe_invalid(f"level c={c}", figs, exp.max_client_lag_ms))
                 rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
                 measured.append((c, figs))
-                rows.append([c] + [figs.get(k) for k in ROW_KEYS])
+                rows.append([c] + [figs.get(k) for k in ROW_KEYS] + [invalid_reason(figs) or None])
 
     if cache.get("reset") is False:
         rec.set_tags({"prefix_cache": f"NOT reset between levels: {cache.get('why')}"})
@@ -359,12 +371,6 @@ def _merge_server(figs: dict, srv: dict) -> None:
         figs["tpot_gap_pct"] = gap
 
 
-def _warn_invalid(what: str, figs: dict, limit_ms: float) -> None:
-    log.warning("%s invalid: the client lagged (send lag p99 %.1f ms, loop lag mean %.1f ms, "
-                "limit %.1f ms; CPU %.0f %% of a core)", what, figs.get("client_lag_ms_p99", 0),
-                figs.get("client_loop_lag_ms_mean", 0), limit_ms, 100 * figs.get("client_cpu_util", 0))
-
-
 def _check_alive(conn: Connection, what: str) -> None:
     if not conn.alive():
         raise ServerDied(f"vLLM died during {what}; last lines of its log:\n{conn.log_tail()}")
@@ -382,6 +388,7 @@ def _finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: di
     sat = saturation(levels, tput, exp.saturation_gain)
     s = {"peak_output_tok_s": tput[peak_i], "peak_concurrency": levels[peak_i],
          "invalid_levels": sum(1 for _, f in measured if not f["valid"]),
+         "stalled_levels": sum(1 for _, f in measured if f["delivery_stalls"]),
          "sweep_errors": sum(f["errors"] for _, f in measured)}
     if sat is not None:
         s["saturation_concurrency"] = sat
@@ -393,12 +400,14 @@ def _finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: di
     text = tables.write(out / "results", COLUMNS, rows,
                         f"macro: {exp.input_tokens} in / {exp.output_tokens} out tokens; ms "
                         "except tok/s, req/s; srv_tpot = server's mean; lag = client send lag; "
-                        "loop = client loop lag (mean); cpu = client cores busy")
+                        "loop = client loop lag (mean); cpu = client cores busy; stalls = delivery "
+                        "stalls (tokens held back, released in a burst), stall_max their longest "
+                        "silence; tpot_nostall = mean TPOT of the requests no stall touched")
     print(text, flush=True)
     pdir = out / "plots"
-    lagged = [t if not f["valid"] else None for t, (_, f) in zip(tput, measured)]
+    flagged = [t if not f["valid"] else None for t, (_, f) in zip(tput, measured)]
     plots.sweep(pdir / "throughput_vs_concurrency.png", levels,
-                {"output tok/s": tput, "invalid: the client lagged": lagged},
+                {"output tok/s": tput, "invalid: client lag or delivery stall": flagged},
                 "concurrency", "output tokens / s", "Throughput vs concurrency",
                 vline=sat, vline_label=f"saturation (gain < {exp.saturation_gain:.0%})")
     plots.sweep(pdir / "tpot_vs_concurrency.png", levels,

@@ -21,9 +21,15 @@ Per level (requests that failed count in `errors` only):
                    chunk arrival times are stamped that late. Its p99 also shows the client
                    being preempted (on a CPU box the server's threads share its cores)
     client_cpu_util     client process CPU seconds / wall seconds (1.0 = one core)
-    valid          1 unless the client lagged: client_lag_ms_p99 or client_loop_lag_ms_mean
-                   above max_client_lag_ms, or client_cpu_util above 0.9 (one event loop
-                   near a full core). Then the level measured the client, not the server.
+    client_lagged  1 when client_lag_ms_p99 or client_loop_lag_ms_mean is above
+                   max_client_lag_ms, or client_cpu_util above 0.9 (one event loop near a full
+                   core): the level measured the client, not the server
+    delivery_stalls, stalled_requests, delivery_stall_ms_max, delivery_stall_ms_total
+                   tokens made on time but delivered late in a burst (k25exp.serving.stalls)
+    tpot_ms_mean_no_stalls, tpot_ms_p50_no_stalls, tpot_n_no_stalls  TPOT over the requests
+                   no stall touched (tpot_ms_* count every request: what users saw)
+    valid          1 unless the client lagged or a delivery stall was seen; invalid_reason()
+                   names which
     tpot_gap_pct   (client mean TPOT − server mean TPOT) / server's, % (tpot_gap_pct())
 Percentiles are linear interpolation between order statistics (numpy's default).
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from k25exp.serving import stalls
 from k25exp.stats import mean, percentile
 
 MAX_CLIENT_CPU = 0.9  # of one core: beyond it the single event loop is the bottleneck
@@ -47,14 +54,25 @@ def _pcts(prefix: str, xs: Sequence[float], qs: Sequence[int], scale: float = 1e
 
 def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float] = None,
                   loop_lag_ms: Sequence[float] = (), max_client_lag_ms: float = float("inf"),
-                  target_output: Optional[int] = None, target_input: Optional[int] = None) -> dict:
+                  target_output: Optional[int] = None, target_input: Optional[int] = None,
+                  stall_rule: stalls.StallRule = stalls.StallRule()) -> dict:
+    """The level's figures; annotates each record with its `stalls` (stalls.mark)."""
     ok = [r for r in records if r["ok"]]
+    step = stalls.mark(records, stall_rule)
     m: dict[str, float] = {"requests": len(records), "completed": len(ok),
                            "errors": len(records) - len(ok),
                            "malformed_chunks": sum(r.get("malformed", 0) for r in records),
                            "wall_s": wall_s}
     m.update(_pcts("ttft_ms", [r["ttft_s"] for r in ok], (50, 90, 99)))
     m.update(_pcts("tpot_ms", [r["tpot_s"] for r in ok if r["tpot_s"] is not None], (50, 90, 99)))
+    m.update(stalls.figures(records))
+    if step is not None:
+        m["stall_ref_step_ms"] = step * 1e3
+    clean = [r["tpot_s"] for r in ok if r["tpot_s"] is not None and not r["stalls"]]
+    m["tpot_n_no_stalls"] = len(clean)
+    if clean:
+        m["tpot_ms_mean_no_stalls"] = mean(clean) * 1e3
+        m["tpot_ms_p50_no_stalls"] = percentile(clean, 50) * 1e3
     itl = [b - a for r in ok for a, b in zip(r["chunk_s"], r["chunk_s"][1:])]
     m.update(_pcts("itl_ms", itl, (50, 99)))
     m.update(_pcts("e2e_ms", [r["e2e_s"] for r in ok], (50, 99)))
@@ -82,10 +100,37 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
         m["client_loop_lag_ms_mean"] = mean(loop_lag_ms)
     if cpu_s is not None and wall_s > 0:
         m["client_cpu_util"] = cpu_s / wall_s  # 1.0 = one core busy all the time
-    m["valid"] = float(m.get("client_lag_ms_p99", 0.0) <= max_client_lag_ms
-                       and m.get("client_loop_lag_ms_mean", 0.0) <= max_client_lag_ms
-                       and m.get("client_cpu_util", 0.0) <= MAX_CLIENT_CPU)
+    m["client_lagged"] = float(m.get("client_lag_ms_p99", 0.0) > max_client_lag_ms
+                               or m.get("client_loop_lag_ms_mean", 0.0) > max_client_lag_ms
+                               or m.get("client_cpu_util", 0.0) > MAX_CLIENT_CPU)
+    m["valid"] = float(not m["client_lagged"] and not m["delivery_stalls"])
     return m
+
+
+def invalid_reason(figs: dict) -> str:
+    """Why a level is flagged invalid, in words ("" when it is valid)."""
+    why = []
+    if figs.get("client_lagged"):
+        why.append("client lag")
+    if figs.get("delivery_stalls"):
+        why.append("delivery stall")
+    return " + ".join(why)
+
+
+def describe_invalid(what: str, figs: dict, limit_ms: float) -> str:
+    """One warning line for a level flagged invalid, with the figures behind each reason."""
+    parts = []
+    if figs.get("client_lagged"):
+        parts.append(f"the client lagged (send lag p99 {figs.get('client_lag_ms_p99', 0):.1f} ms, "
+                     f"loop lag mean {figs.get('client_loop_lag_ms_mean', 0):.1f} ms, limit "
+                     f"{limit_ms:.1f} ms; CPU {100 * figs.get('client_cpu_util', 0):.0f} % of a core)")
+    if figs.get("delivery_stalls"):
+        parts.append(f"{figs['delivery_stalls']:.0f} delivery stall(s) in "
+                     f"{figs.get('stalled_requests', 0):.0f} request(s), longest "
+                     f"{figs.get('delivery_stall_ms_max', 0):.0f} ms: tokens made on time reached "
+                     "the client late, in a burst (TPOT without them: "
+                     f"{figs.get('tpot_ms_mean_no_stalls', float('nan')):.2f} ms mean)")
+    return f"{what} invalid: " + "; ".join(parts)
 
 
 def tpot_gap_pct(figs: dict) -> Optional[float]:

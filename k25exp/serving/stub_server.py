@@ -4,7 +4,12 @@
   before it, not the server, sets the pace): it streams as fast as asked;
 * exercising the client's failure handling, which a healthy vLLM never shows: the prompt
   picks the behaviour — "http500", "malformed" (one bad chunk mid-stream), "cut" (closes
-  before [DONE]), "stream_error" (an error object mid-stream), "slow" (answers after 30 s).
+  before [DONE]), "stream_error" (an error object mid-stream), "slow" (answers after 30 s),
+  "hold" (a delivery stall: from the middle of the stream on, tokens keep being made every
+  gap but are held back for `hold_s` after the last chunk sent, then released in one write).
+
+It records when it wrote each token chunk (`writes`, perf_counter seconds, one list per
+completion request in arrival order), so a test knows the timing the client should measure.
 
     python -m k25exp.serving.stub_server --port 8090 [--gap-ms 0]
 
@@ -17,6 +22,7 @@ import argparse
 import asyncio
 import json
 import threading
+import time
 from typing import Optional
 
 
@@ -26,9 +32,12 @@ def _chunk(obj) -> bytes:
 
 
 class StubServer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, gap_s: float = 0.0):
-        self.host, self.port, self.gap_s = host, port, gap_s
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, gap_s: float = 0.0,
+                 hold_s: float = 0.5, ttft_s: float = 0.0):
+        self.host, self.port, self.gap_s, self.hold_s = host, port, gap_s, hold_s
+        self.ttft_s = ttft_s  # a "prefill": pause between the response headers and token 1
         self.requests = 0
+        self.writes: list[list[float]] = []
         self._server: Optional[asyncio.base_events.Server] = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -93,7 +102,19 @@ class StubServer:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
         pt = len(prompt.split())
-        for i in range(n):
+        writes: list[float] = []
+        self.writes.append(writes)
+
+        def token(i: int) -> bytes:
+            return _chunk({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
+                           "usage": {"prompt_tokens": pt, "completion_tokens": i + 1,
+                                     "total_tokens": pt + i + 1}})
+
+        if self.ttft_s:
+            await writer.drain()
+            await asyncio.sleep(self.ttft_s)
+        i = 0
+        while i < n:
             if "malformed" in prompt and i == n // 2:
                 writer.write(_chunk(b'{"choices": [{"text": "oops"'))
             if "stream_error" in prompt and i == n // 2:
@@ -102,11 +123,21 @@ class StubServer:
             if "cut" in prompt and i == n // 2:
                 await writer.drain()
                 return False
-            writer.write(_chunk({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
-                                 "usage": {"prompt_tokens": pt, "completion_tokens": i + 1,
-                                           "total_tokens": pt + i + 1}}))
+            if "hold" in prompt and i == n // 2 and writes:
+                # the tokens made while held (one per gap), released hold_s after the last write
+                k = min(n - i, int(self.hold_s / self.gap_s) if self.gap_s else n - i)
+                await asyncio.sleep(max(0.0, writes[-1] + self.hold_s - time.perf_counter()))
+                data = b"".join(token(j) for j in range(i, i + k))
+                writes.extend([time.perf_counter()] * k)  # stamped before the bytes can arrive
+                writer.write(data)
+                i += k
+            else:
+                data = token(i)
+                writes.append(time.perf_counter())
+                writer.write(data)
+                i += 1
             await writer.drain()  # raises once the client has gone
-            if self.gap_s:
+            if self.gap_s and i < n:
                 await asyncio.sleep(self.gap_s)
         writer.write(_chunk({"choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": n,
                                                       "total_tokens": pt + n}}))
@@ -118,9 +149,9 @@ class StubServer:
 class StubThread:
     """The stub on its own event loop in a thread, for tests and the capacity probe."""
 
-    def __init__(self, gap_s: float = 0.0):
+    def __init__(self, gap_s: float = 0.0, hold_s: float = 0.5, ttft_s: float = 0.0):
         self.loop = asyncio.new_event_loop()
-        self.stub = StubServer(gap_s=gap_s)
+        self.stub = StubServer(gap_s=gap_s, hold_s=hold_s, ttft_s=ttft_s)
         self._t = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def __enter__(self) -> StubServer:

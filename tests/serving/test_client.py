@@ -140,3 +140,43 @@ def test_a_level_can_run_for_a_duration_instead_of_a_count():
     assert 3 <= len(recs) <= 40 and all(r["ok"] for r in recs)
     assert max(r["sent_s"] for r in recs) - min(r["scheduled_s"] for r in recs) < 0.5
     assert res["wall_s"] >= 0.5
+
+
+def test_client_timing_is_the_stub_write_timing_plus_delivery():
+    """Against a server whose timing is known (a 100 ms "prefill", then a token every 20 ms,
+    each write time recorded by the stub): every chunk's arrival follows its write by a small
+    delivery delay, TTFT spans the prefill, and TPOT / ITL are the stub's own pace to within
+    the spread of those delays — whatever the scheduler does, since both clocks are one."""
+    n = 10
+    with StubThread(gap_s=0.02, ttft_s=0.1) as stub:
+        t0 = time.perf_counter()
+
+        async def go():
+            async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
+                return await run_level(c, lambda i: "fine", phase="sweep", level=1, concurrency=1,
+                                       max_tokens=n, t0=t0, n_requests=3)
+
+        res = run(go())
+        writes = stub.writes
+    recs = sorted(res["records"], key=lambda r: r["i"])
+    assert len(recs) == len(writes) == 3
+    itl_client, itl_stub = [], []
+    for r, w in zip(recs, writes):
+        sent = t0 + r["sent_s"]
+        arrivals = [sent + c for c in r["chunk_s"]]
+        delays = [a - x for a, x in zip(arrivals, w)]
+        assert len(w) == len(arrivals) == n == r["output_tokens"]
+        assert all(0 <= d < 0.05 for d in delays), delays  # after the write, soon after
+        assert r["ttft_s"] == pytest.approx(arrivals[0] - sent) and r["ttft_s"] >= 0.1
+        stub_tpot = (w[-1] - w[0]) / (n - 1)
+        assert stub_tpot >= 0.02
+        assert abs(r["tpot_s"] - stub_tpot) <= (max(delays) - min(delays)) / (n - 1) + 1e-9
+        # including TTFT (e2e / (n − 1)) would be ≥ 11 ms off: the definition is exact
+        assert r["e2e_s"] / (n - 1) - r["tpot_s"] > 0.01
+        itl_client += [b - a for a, b in zip(arrivals, arrivals[1:])]
+        itl_stub += [b - a for a, b in zip(w, w[1:])]
+    spread = max(abs(c - s) for c, s in zip(itl_client, itl_stub))
+    f = level_figures(res["records"], res["wall_s"], max_client_lag_ms=1e9)
+    assert f["itl_ms_p50"] == pytest.approx(sorted(itl_stub)[len(itl_stub) // 2] * 1e3,
+                                            abs=spread * 1e3 + 1e-6)
+    assert f["delivery_stalls"] == 0

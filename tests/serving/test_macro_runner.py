@@ -91,40 +91,57 @@ def test_every_figure_follows_from_the_jsonl(macro):
         assert (out / name).stat().st_size > 0, name
 
 
-def test_client_and_server_tpot_agree(macro):
-    """Both are (last − first token time) / (tokens − 1) per request, averaged over the level's
-    requests; the client's two timestamps are the server's plus the delivery delay of those two
-    chunks over loopback. The delays mostly cancel; what is left, a few ms at most on two busy
-    cores, is spread over 15 token gaps: within 15 % + 1 ms of the server's figure. One chunk
-    delivered late (the server's API process preempted, which no client-side monitor sees)
-    moves the client's mean over a few requests but not its median: either agreeing shows the
-    definitions match.
-    A level the runner flagged invalid (the client, starved of CPU, lagged) is exactly one
-    where client timestamps are not to be trusted, so only valid levels are compared."""
+def test_stall_figures_follow_from_the_jsonl(macro):
+    """The per-level stall counts and the TPOT of the untouched requests, recomputed by hand
+    from the records' own stall marks and chunk times."""
+    out, rec, summary = macro
+    by_level = {}
+    for r in records(out):
+        if r["phase"] == "sweep":
+            by_level.setdefault(r["level"], []).append(r)
+    for c, rs in by_level.items():
+        assert all(isinstance(r["stalls"], list) for r in rs)
+        assert rec.latest("delivery_stalls")[c] == sum(len(r["stalls"]) for r in rs)
+        assert rec.latest("stalled_requests")[c] == sum(1 for r in rs if r["stalls"])
+        clean = [(r["chunk_s"][-1] - r["chunk_s"][0]) / 15 * 1e3 for r in rs if not r["stalls"]]
+        assert rec.latest("tpot_n_no_stalls")[c] == len(clean)
+        if clean:
+            assert rec.latest("tpot_ms_mean_no_stalls")[c] == pytest.approx(mean(clean))
+        flagged = bool(rec.latest("client_lagged")[c] or rec.latest("delivery_stalls")[c])
+        assert rec.latest("valid")[c] == (not flagged)
+    assert summary["stalled_levels"] == sum(1 for v in rec.latest("delivery_stalls").values() if v)
+
+
+def test_client_and_server_agree_where_nothing_held_tokens_back(macro):
+    """What scheduling cannot break: the server counted exactly the client's completed
+    requests, and the gap figure follows its definition. Then, on every level the client did
+    not lag, the client's TPOT over the requests no delivery stall touched (mean or median:
+    one late last chunk moves a mean of a few requests, not both) is the engine's own mean
+    within 20 % + 1 ms. The exactness of the client's definitions is proven against the stub
+    server (tests/serving/test_client.py); this catches a gross disagreement on the real one."""
     _, rec, summary = macro
     compared = 0
+    assert sorted(rec.latest("server_tpot_ms_mean")) == [1, 2, 4]
     for c, server_ms in rec.latest("server_tpot_ms_mean").items():
         assert rec.latest("server_requests")[c] == rec.latest("completed")[c]
-        if not rec.latest("valid")[c]:
-            continue
         assert rec.latest("tpot_gap_pct")[c] == pytest.approx(
             (rec.latest("tpot_ms_mean")[c] - server_ms) / server_ms * 100)
-        gaps = [rec.latest(k)[c] - server_ms for k in ("tpot_ms_mean", "tpot_ms_p50")]
-        assert min(map(abs, gaps)) <= 0.15 * server_ms + 1.0, (c, gaps, server_ms)
+        if rec.latest("client_lagged")[c] or not rec.latest("tpot_n_no_stalls")[c]:
+            continue
+        gaps = [rec.latest(k)[c] - server_ms for k in ("tpot_ms_mean_no_stalls", "tpot_ms_p50_no_stalls")]
+        assert min(map(abs, gaps)) <= 0.2 * server_ms + 1.0, (c, gaps, server_ms)
         compared += 1
-    assert sorted(rec.latest("server_tpot_ms_mean")) == [1, 2, 4]
     server_ms = summary["single_stream_server_tpot_ms_mean"]
-    if summary["single_stream_valid"]:
-        gaps = [summary[k] - server_ms for k in ("single_stream_tpot_ms_mean", "single_stream_tpot_ms")]
-        assert min(map(abs, gaps)) <= 0.15 * server_ms + 1.0, (gaps, server_ms)
-        compared += 1
     assert summary["single_stream_tpot_gap_pct"] == pytest.approx(
         (summary["single_stream_tpot_ms_mean"] - server_ms) / server_ms * 100)
+    if not summary["single_stream_client_lagged"] and "single_stream_tpot_ms_no_stalls" in summary:
+        gap = summary["single_stream_tpot_ms_no_stalls"] - server_ms
+        assert abs(gap) <= 0.2 * server_ms + 1.0, (gap, server_ms)
+        compared += 1
     assert rec.latest("server_ttft_ms_mean")[1] <= rec.latest("ttft_ms_mean")[1] + 1.0
     if not compared:
-        # Seen only with two vLLM test runs sharing the 2 cores: the runner did its job.
-        pytest.skip("every phase was flagged invalid (the host starved the client): no client "
-                    "figure to hold against the server's")
+        pytest.skip("every phase was flagged for client lag or had every request stalled: no "
+                    "client figure to hold against the server's")
 
 
 def test_endpoint_mode_attaches_and_never_logs_the_key(vllm, tmp_path):

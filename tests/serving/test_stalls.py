@@ -1,0 +1,112 @@
+"""Delivery stalls: hand-made chunk times, then a real HTTP stub that holds chunks back for a
+known time and releases them in one write (the stall the detector must find, to the ms)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from k25exp.serving import stalls
+from k25exp.serving.client import CompletionClient, finish, run_level
+from k25exp.serving.figures import invalid_reason, level_figures
+from k25exp.serving.stalls import Stall, StallRule, find_stalls
+from k25exp.serving.stub_server import StubThread
+
+STEP = 0.030  # a 30 ms decode step
+
+
+def test_steady_stream_has_no_stall():
+    assert find_stalls([i * STEP for i in range(16)], STEP) == []
+
+
+def test_silence_then_burst_is_one_stall_of_the_silence():
+    # 4 chunks at the step, a 1.18 s silence, 4 chunks within 0.1 ms, one more at the step:
+    # the shape seen on the slow CI machine
+    t = [0.0, 0.03, 0.06, 0.09, 1.27, 1.2701, 1.2702, 1.2703, 1.3003]
+    assert find_stalls(t, STEP) == [Stall(4, pytest.approx(1180.0), 4)]
+
+
+def test_what_is_not_a_stall():
+    # two chunks together is below the 3-chunk burst
+    assert find_stalls([0.0, 0.03, 0.5, 0.5001, 0.53], STEP) == []
+    # a burst after a silence of only 1.5 steps: little was held back
+    assert find_stalls([0.0, 0.03, 0.075, 0.0751, 0.0752, 0.105], STEP) == []
+    # gaps of 0.2 steps are slow for a burst (the threshold is 0.1 step)
+    assert find_stalls([0.0, 0.5, 0.506, 0.512, 0.518], STEP) == []
+    # a 4 ms silence at a 1 ms step is 4 steps, but below the 5 ms floor
+    assert find_stalls([0.0, 0.001, 0.005, 0.005001, 0.005002], 0.001) == []
+    assert find_stalls([0.0, 0.001, 0.005, 0.005001, 0.005002], 0.001,
+                       StallRule(min_gap_ms=3.0)) == [Stall(2, pytest.approx(4.0), 3)]
+
+
+def test_burst_at_the_first_chunk_is_estimated_from_the_step():
+    t = [0.2, 0.2001, 0.2002, 0.23, 0.26]
+    assert find_stalls(t, STEP) == [Stall(0, pytest.approx(2 * 30.0), 3)]
+
+
+def test_two_stalls_in_one_request():
+    t = [0.0, 0.1, 0.1, 0.1, 0.13, 0.33, 0.33, 0.33, 0.33]
+    assert find_stalls(t, STEP) == [Stall(1, pytest.approx(100.0), 3),
+                                    Stall(5, pytest.approx(200.0), 4)]
+
+
+def _rec(chunk_s):
+    n = len(chunk_s)
+    return finish({"status": 200, "done": True, "chunk_s": chunk_s, "chunk_tokens": [1] * n,
+                   "usage": {"completion_tokens": n, "prompt_tokens": 4}})
+
+
+def test_level_figures_flag_the_stall_and_keep_the_clean_tpot():
+    steady = [_rec([0.1 + i * STEP for i in range(9)]) for _ in range(2)]  # TPOT 30 ms
+    # 8 gaps, last−first = 0.03*3 + 0.6 + 0.0002*3 + 0.03 = 0.7206 s → TPOT 90.075 ms
+    stalled = _rec([0.1, 0.13, 0.16, 0.19, 0.79, 0.7902, 0.7904, 0.7906, 0.8206])
+    f = level_figures(steady + [stalled], wall_s=1.0, max_client_lag_ms=1e9)
+    # the reference step is the median request TPOT: 30 ms
+    assert f["stall_ref_step_ms"] == pytest.approx(30.0)
+    assert stalled["stalls"] == [[4, pytest.approx(600.0), 4]] and steady[0]["stalls"] == []
+    assert (f["delivery_stalls"], f["stalled_requests"]) == (1, 1)
+    assert f["delivery_stall_ms_max"] == pytest.approx(600.0)
+    assert f["tpot_ms_mean"] == pytest.approx((30 + 30 + 90.075) / 3)
+    assert f["tpot_ms_mean_no_stalls"] == pytest.approx(30.0) and f["tpot_n_no_stalls"] == 2
+    assert f["valid"] == 0.0 and f["client_lagged"] == 0.0
+    assert invalid_reason(f) == "delivery stall"
+    clean = level_figures(steady, wall_s=1.0, max_client_lag_ms=1e9)
+    assert clean["delivery_stalls"] == 0 and clean["valid"] == 1.0 and invalid_reason(clean) == ""
+    assert stalls.figures([]) == {"delivery_stalls": 0, "stalled_requests": 0,
+                                  "delivery_stall_ms_max": 0.0, "delivery_stall_ms_total": 0.0}
+
+
+def _level(stub, prompt: str, n_requests: int, max_tokens: int):
+    async def go():
+        async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
+            return await run_level(c, lambda i: prompt, phase="sweep", level=1, concurrency=1,
+                                   max_tokens=max_tokens, t0=time.perf_counter(),
+                                   n_requests=n_requests)
+
+    res = asyncio.run(go())
+    return res, level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
+                              max_client_lag_ms=1e9, target_output=max_tokens)
+
+
+def test_a_stub_that_holds_chunks_500_ms_is_flagged_to_within_10_ms():
+    # 20 ms per token; from token 16 of 32 on, 25 tokens are held for 500 ms, then released
+    with StubThread(gap_s=0.02, hold_s=0.5) as stub:
+        res, f = _level(stub, "hold", n_requests=3, max_tokens=32)
+    assert f["completed"] == 3 and f["output_tokens_mismatch"] == 0
+    assert f["delivery_stalls"] == 3 and f["stalled_requests"] == 3
+    assert f["delivery_stall_ms_max"] == pytest.approx(500.0, abs=10.0)
+    for r in res["records"]:
+        [[chunk, gap_ms, burst]] = r["stalls"]
+        assert chunk == 16 and burst >= 3 and gap_ms == pytest.approx(500.0, abs=10.0)
+    assert f["valid"] == 0.0 and "delivery stall" in invalid_reason(f)
+
+
+def test_the_same_stub_without_holding_back_flags_nothing():
+    with StubThread(gap_s=0.02, hold_s=0.5) as stub:
+        res, f = _level(stub, "fine", n_requests=3, max_tokens=32)
+    assert f["completed"] == 3 and f["delivery_stalls"] == 0 and f["delivery_stall_ms_max"] == 0
+    assert all(r["stalls"] == [] for r in res["records"])
+    assert "delivery stall" not in invalid_reason(f)
+    assert f["tpot_ms_mean_no_stalls"] == pytest.approx(f["tpot_ms_mean"])
