@@ -208,8 +208,14 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                               "single-stream p50, client clock") if macro else
                        _missing("TPOT at batch 1 (macro)", c.why_missing("macro"), "ms"))
     if macro and macro.metrics.get("single_stream_valid") == 0:
-        sec.notes.append(f"macro run {macro.short}: the single-stream phase is flagged invalid (the "
-                         "client lagged), so its TPOT includes client delay; rerun on a quieter host")
+        m = macro.metrics
+        why = (["the client lagged"] if m.get("single_stream_client_lagged", 1) else []) + (
+            [f"{m['single_stream_delivery_stalls']:.0f} delivery stall(s), longest "
+             f"{m.get('single_stream_delivery_stall_ms_max', 0):.0f} ms"]
+            if m.get("single_stream_delivery_stalls") else [])
+        sec.notes.append(f"macro run {macro.short}: the single-stream phase is flagged invalid "
+                         f"({'; '.join(why)}), so its TPOT includes delay outside the engine; "
+                         "rerun on a quieter host")
     comm = burst.metrics.get("burst_ms") if burst else None
     if burst and comm is None:
         sec.figures.append(_missing("communication per step (NCCL burst)",
@@ -429,8 +435,8 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
 
     lagged = sorted(c for c, v in valid.items() if not v and c in levels)
     if lagged:
-        sec.notes.append(f"macro run {macro.short}: levels {lagged} are flagged invalid (the client "
-                         "lagged); their TPOT is still used as a verification cost")
+        sec.notes.append(f"macro run {macro.short}: levels {lagged} are flagged invalid (client "
+                         "lag or delivery stalls); their TPOT is still used as a verification cost")
 
     grid_ks = [k for k in draft_lengths if (k + 1) in levels]
     if macro:
