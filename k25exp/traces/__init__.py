@@ -8,7 +8,9 @@ present, PyYAML for the rules, matplotlib for plots).
     print(summary_text(a)); json.dumps(a.to_dict())
 
 Modules: reader (streaming parse), rules (YAML classification), steps (vLLM decode steps),
-intervals (unions, self time), breakdown (per-step shares, across ranks), report (writers).
+intervals (unions, self time), breakdown (per-step shares, across ranks), comm_split
+(collective time split into wait for the last rank and transport, across ranks of one
+host), report (writers).
 """
 
 from k25exp.traces.breakdown import (
@@ -19,13 +21,15 @@ from k25exp.traces.breakdown import (
     analyze,
     analyze_trace,
 )
+from k25exp.traces.comm_split import CommSplit, RankSplit
 from k25exp.traces.reader import Trace, TraceError, read_trace
 from k25exp.traces.report import summary_text, write_outputs
 from k25exp.traces.rules import Rules, RulesError, default_rules_path, load_rules
 from k25exp.traces.steps import StepInfo, parse_step_name
 
 __all__ = [
-    "IDLE", "Analysis", "KernelStat", "RankBreakdown", "Rules", "RulesError", "StepInfo",
+    "IDLE", "Analysis", "CommSplit", "KernelStat", "RankBreakdown", "RankSplit", "Rules",
+    "RulesError", "StepInfo",
     "Trace", "TraceError", "analyze", "analyze_trace", "default_rules_path", "load_rules",
     "parse_step_name", "read_trace", "summary_text", "write_outputs",
 ]

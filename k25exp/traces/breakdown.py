@@ -20,6 +20,11 @@ exactly. Each category's own union (`raw_busy`) is reported too, and `overlap_sh
 Averages over steps are time-weighted: share = Σ_steps busy / Σ_steps step length.
 Across ranks: the headline figure is the mean over ranks (so shares still add to 100 %),
 with min / median / max beside it; steps_analysed is the minimum over ranks.
+
+With the traces of ≥ 2 ranks of one host, each collective call is also split into the time
+spent waiting for the last rank to arrive and the rest, transport (k25exp.traces.comm_split):
+share_comm_wait / share_comm_transport are % of the same step time, but of the calls' raw
+durations, not of the exposed time above, so they are not part of the 100 %.
 """
 
 from __future__ import annotations
@@ -33,6 +38,14 @@ from typing import Sequence
 import numpy as np
 
 from k25exp import stats
+from k25exp.traces.comm_split import (
+    CommCalls,
+    CommSplit,
+    RankSplit,
+    comm_calls,
+    communication_categories,
+    split_ranks,
+)
 from k25exp.traces.intervals import Windows, self_time_segments, union
 from k25exp.traces.reader import (
     CPU_CATS,
@@ -83,6 +96,8 @@ class RankBreakdown:
     read_s: float = 0.0
     analyse_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    comm: CommCalls | None = None           # communication calls, for the cross-rank split
+    comm_split: RankSplit | None = None     # set by analyze() when the ranks could be matched
 
     @property
     def steps_analysed(self) -> int:
@@ -123,6 +138,22 @@ class RankBreakdown:
         out[IDLE] = float((self.step_ns - self.work_ns).sum()) / n / 1e6
         return out
 
+    def comm_split_metrics(self) -> dict[str, float]:
+        """Wait / transport of the matched collective calls: % of step time (the shares'
+        denominator) and ms per analysed step. Raw call durations, not exposed time:
+        wait + transport = raw. Empty without a split."""
+        sp = self.comm_split
+        if sp is None:
+            return {}
+        t, n = self.total_step_ns, max(1, self.steps_analysed)
+        wait, transport, raw = (float(a.sum()) for a in (sp.wait_ns, sp.transport_ns, sp.raw_ns))
+        return {"share_comm_wait": 100.0 * wait / t, "share_comm_transport": 100.0 * transport / t,
+                "comm_wait_ms_per_step": wait / n / 1e6,
+                "comm_transport_ms_per_step": transport / n / 1e6,
+                "comm_raw_ms_per_step": raw / n / 1e6,
+                "comm_calls_matched": float(sp.calls_matched.sum()),
+                "comm_calls_unmatched": float(sp.calls_unmatched)}
+
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {"decode_step_ms": self.decode_step_ms,
                                "steps_analysed": float(self.steps_analysed)}
@@ -132,6 +163,7 @@ class RankBreakdown:
             m[f"share_{g}"] = v
         m["allreduce_share"] = m.get("share_comm_allreduce", 0.0)
         m["overlap_share"] = self.overlap_share
+        m.update(self.comm_split_metrics())
         return m
 
 
@@ -141,6 +173,8 @@ class Analysis:
     rules: Rules
     max_steps: int | None = None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)      # e.g. why there is no wait/transport split
+    comm_split: CommSplit | None = None
 
     @property
     def categories(self) -> list[str]:
@@ -190,7 +224,10 @@ class Analysis:
             "across_ranks": self.across_ranks(),
             "ranks": [_rank_dict(r, top) for r in self.ranks],
             "top_kernels": [_kernel_dict(k, s) for k, s in self.top_kernels(top)],
+            "comm_split": ({"steps_matched": self.comm_split.steps_matched,
+                            "reason": self.comm_split.reason} if self.comm_split else None),
             "warnings": self.all_warnings(),
+            "notes": self.notes,
         }
 
     def all_warnings(self) -> list[str]:
@@ -212,11 +249,27 @@ def _rank_dict(r: RankBreakdown, top: int) -> dict:
         "shares": r.shares(), "group_shares": r.group_shares(), "raw_shares": r.raw_shares(),
         "overlap_share": r.overlap_share, "busy_ms": r.busy_ms(),
         "metrics": r.metrics(),
+        "comm_split": _split_dict(r),
         "top_kernels": [_kernel_dict(k, 100.0 * k.total_us / t) for k in r.kernels[:top]],
         "events_total": r.events_total, "events_kept": r.events_kept,
         "bytes_read": r.bytes_read, "read_s": r.read_s, "analyse_s": r.analyse_s,
         "warnings": r.warnings,
     }
+
+
+def _split_dict(r: RankBreakdown) -> dict | None:
+    """Per communication category: ms per step of wait, transport, raw; calls matched."""
+    sp = r.comm_split
+    if sp is None:
+        return None
+    n = max(1, r.steps_analysed) * 1e6
+    by = {c: {"wait_ms_per_step": float(sp.wait_ns[:, i].sum()) / n,
+              "transport_ms_per_step": float(sp.transport_ns[:, i].sum()) / n,
+              "raw_ms_per_step": float(sp.raw_ns[:, i].sum()) / n,
+              "calls_matched": int(sp.calls_matched[i])}
+          for i, c in enumerate(r.categories) if sp.calls_matched[i]}
+    return {"by_category": by, "calls_unmatched": sp.calls_unmatched,
+            "calls_unsplittable": sp.calls_unsplittable}
 
 
 def _attribute(cat_of: np.ndarray, s: np.ndarray, e: np.ndarray, n_cat: int, win: Windows
@@ -282,6 +335,10 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     del pair, pair_inv
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
+    comm_cats = communication_categories(rules.categories, rules.groups)
+    comm = comm_calls(start, end, trace.lane_id[idx], pair_cat[ev_pair],
+                      [cat_index[c] for c in comm_cats], win, [st.name for st in steps],
+                      "gpu" if device else "cpu", trace.clock_offset_ns)
     if device:
         seg_s, seg_e, seg_pair = start, end, ev_pair
     else:
@@ -309,7 +366,7 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         steps=steps, step_ns=step_ns, busy_ns=excl, raw_busy_ns=raw, work_ns=work,
         kernels=kernels, annotated_steps=sel.annotated, decode_steps=sel.decode,
         events_total=trace.events_total, events_kept=trace.n_events, bytes_read=trace.bytes_read,
-        read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings,
+        read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings, comm=comm,
     )
 
 
@@ -328,8 +385,11 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
             max_steps: int | None = None, rules: Rules | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Analysis:
     """Analyses one trace per rank. Ranks come from the trace's distributedInfo, else from
-    `rank<N>` in the file name, else from the order of `paths`. Raises TraceError (naming
-    the file) on unreadable input and RulesError on a bad rules file."""
+    `rank<N>` in the file name, else from the order of `paths`. With ≥ 2 ranks, splits
+    their collective calls into wait and transport (k25exp.traces.comm_split; the traces
+    must come from one host); without, says why in `notes` (one rank) or `warnings`.
+    Raises TraceError (naming the file) on unreadable input and RulesError on a bad rules
+    file."""
     if not paths:
         raise ValueError("no trace files given")
     rules = rules if rules is not None else load_rules(rules_path)
@@ -353,4 +413,12 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
         for i, r in enumerate(results):
             r.rank = i
             r.label = f"rank{i}"
-    return Analysis(results, rules, max_steps, warnings)
+    split = split_ranks([r.comm for r in results], [r.label for r in results],  # type: ignore[misc]
+                        len(rules.categories))
+    for r, rs in zip(results, split.ranks):
+        r.comm_split = rs
+    warnings += split.warnings
+    notes: list[str] = []
+    if split.reason:
+        (warnings if len(results) > 1 else notes).append(split.reason)
+    return Analysis(results, rules, max_steps, warnings, notes, split)

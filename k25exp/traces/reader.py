@@ -78,6 +78,7 @@ class Trace:
 
     Times are integer nanoseconds relative to `base_us` (the first kept event's start,
     truncated to a whole microsecond): exact arithmetic for unions and self time.
+    `clock_offset_ns` leads back to the clock the ranks of one host share.
     """
 
     path: Path
@@ -99,6 +100,15 @@ class Trace:
     @property
     def n_events(self) -> int:
         return int(self.name_id.size)
+
+    @property
+    def clock_offset_ns(self) -> int:
+        """Add to start_ns for the host's system clock (ns since the epoch), which every
+        rank's trace is written on: Kineto writes `ts` relative to `baseTimeNanoseconds`
+        (that clock floored to a ~3-month interval); writers without the key, absolute."""
+        base = self.metadata.get("baseTimeNanoseconds")
+        base = base if type(base) is int else 0
+        return base + int(self.base_us) * 1000
 
     def has_device_work(self) -> bool:
         dev = [i for i, c in enumerate(self.cats) if c in DEVICE_CATS]

@@ -4,10 +4,14 @@
 
     trace_breakdown.json        Analysis.to_dict() (what `k25exp analyze --json` prints)
     breakdown.txt / .csv        share of step time per category, group and idle: one column
-                                per rank, then mean / min / median / max over ranks
+                                per rank, then mean / min / median / max over ranks; with a
+                                wait/transport split (≥ 2 ranks), its rows: [comm_wait],
+                                [comm_transport] (% of step time, of raw call durations)
+                                and ms per step of raw / wait / transport, calls matched
     top_kernels.txt / .csv      name, category, calls, total ms, mean µs, share (all ranks)
     top_kernels_<rank>.txt/.csv the same per rank (only with several ranks)
-    steps_<rank>.csv            every analysed step: start, length and ms per category
+    steps_<rank>.csv            every analysed step: start, length and µs per category
+                                (and comm wait / transport µs with a split)
     breakdown_<rank>.png        stacked bars, one per step (binned past 120 steps), ms
     breakdown_ranks.png         stacked bars, one per rank, % of step time
 """
@@ -50,6 +54,16 @@ def breakdown_rows(analysis: Analysis) -> tuple[list[Column], list[list]]:
                  *_spread([r.decode_step_ms for r in ranks])])
     rows.append(["steps_analysed", "-", *[float(r.steps_analysed) for r in ranks],
                  *_spread([float(r.steps_analysed) for r in ranks])])
+    if all(r.comm_split is not None for r in ranks):
+        # raw call durations split at the last rank's arrival: not part of the 100 % above
+        split = [r.comm_split_metrics() for r in ranks]
+        for name, key, group in (("[comm_wait]", "share_comm_wait", "(raw calls)"),
+                                 ("[comm_transport]", "share_comm_transport", "(raw calls)"),
+                                 ("comm_raw_ms", "comm_raw_ms_per_step", "(per step)"),
+                                 ("comm_wait_ms", "comm_wait_ms_per_step", "(per step)"),
+                                 ("comm_transport_ms", "comm_transport_ms_per_step", "(per step)"),
+                                 ("comm_calls_matched", "comm_calls_matched", "-")):
+            rows.append(row(name, group, [s[key] for s in split]))
     return cols, rows
 
 
@@ -98,6 +112,8 @@ def summary_text(analysis: Analysis, top: int = 15) -> str:
                            f"top {top} kernels/operators over all ranks (time inside analysed steps)")
     for w in analysis.all_warnings():
         out += f"# warning: {w}\n"
+    for n in analysis.notes:
+        out += f"# note: {n}\n"
     return out
 
 
@@ -168,14 +184,18 @@ def plot_ranks(path: Path, analysis: Analysis) -> Path:
 
 
 def write_steps_csv(path: Path, r: RankBreakdown) -> Path:
+    sp = r.comm_split
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "name", "start_us", "dur_us", *[f"{c}_us" for c in r.categories],
-                    "idle_us", "work_us"])
+                    "idle_us", "work_us", *(["comm_wait_us", "comm_transport_us"] if sp else [])])
         for i, st in enumerate(r.steps):
+            split = ([f"{sp.wait_ns[i].sum() / 1e3:.3f}", f"{sp.transport_ns[i].sum() / 1e3:.3f}"]
+                     if sp else [])
             w.writerow([i, st.name, st.start_ns / 1e3, st.dur_ns / 1e3,
                         *[f"{v / 1e3:.3f}" for v in r.busy_ns[i]],
-                        f"{(r.step_ns[i] - r.work_ns[i]) / 1e3:.3f}", f"{r.work_ns[i] / 1e3:.3f}"])
+                        f"{(r.step_ns[i] - r.work_ns[i]) / 1e3:.3f}", f"{r.work_ns[i] / 1e3:.3f}",
+                        *split])
     return path
 
 
