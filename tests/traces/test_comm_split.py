@@ -58,7 +58,7 @@ def test_two_ranks_wait_and_transport_by_hand(tmp_path):
     # rank 1's trace is written relative to a baseTimeNanoseconds of its own: the split
     # only comes out right if the reader's absolute clock is recovered
     paths = [_write(tmp_path, 0, _three_steps(0)),
-             _write(tmp_path, 1, _three_steps(1), base_ns=1_790_000_000_000_000_000)]
+             _write(tmp_path, 1, _three_steps(1), base_ns=1_790_000_000_000_000)]
     a = analyze(paths)
     r0, r1 = a.ranks
     assert a.comm_split.steps_matched == 3 and not a.all_warnings() and not a.notes
