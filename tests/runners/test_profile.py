@@ -13,7 +13,7 @@ import pytest
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.runners import profile
 from k25exp.serving import server
-from k25exp.traces import load_rules
+from k25exp.traces import analyze, load_rules
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import ROOT, compose_cfg
 
@@ -60,6 +60,63 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     assert rec.latest("server_starts")[None] == 1.0
     assert "stop_profile_s" in {k for k, _, _ in rec.metrics}
     assert not {k for k, _, _ in rec.metrics} & {"tpot_ms_p50", "output_tok_s"}  # never reported
+
+
+SPLIT = ("share_comm_wait", "share_comm_transport", "comm_wait_ms_per_step",
+         "comm_transport_ms_per_step", "comm_raw_ms_per_step", "comm_calls_matched")
+
+
+def test_collectives_split_into_wait_and_transport_on_both_ranks(profiled):
+    metrics, rec, out = profiled
+    logged = {k for k, _, _ in rec.metrics}
+    for k in SPLIT:
+        assert {k, f"{k}_min", f"{k}_median", f"{k}_max"} <= logged, k
+    table = {row["category"]: row for row in _csv(out / "breakdown" / "breakdown.csv")}
+    assert {"[comm_wait]", "[comm_transport]", "comm_raw_ms"} <= set(table)
+    a = analyze(sorted((out / "traces").iterdir()))
+    assert [r.label for r in a.ranks] == ["rank0", "rank1"] and a.comm_split.reason is None
+    for r in a.ranks:
+        sp, m = r.comm_split, r.metrics()
+        # the calls counted straight from the JSON: outermost communication cpu_ops that
+        # start inside a pure-decode step annotation
+        durations_us = _comm_calls_us(r.path)
+        assert m["comm_calls_matched"] > 0
+        assert m["comm_calls_matched"] + m["comm_calls_unmatched"] + sp.calls_unsplittable \
+            == len(durations_us)
+        assert (sp.wait_ns >= 0).all() and (sp.transport_ns >= 0).all()
+        assert (sp.wait_ns + sp.transport_ns == sp.raw_ns).all()     # every step and category
+        assert m["comm_wait_ms_per_step"] + m["comm_transport_ms_per_step"] == \
+            pytest.approx(m["comm_raw_ms_per_step"])
+        if m["comm_calls_unmatched"] == sp.calls_unsplittable == 0:  # every call split
+            assert sp.raw_ns.sum() / 1e3 == pytest.approx(sum(durations_us),
+                                                          abs=1e-3 * len(durations_us))
+        assert m["comm_raw_ms_per_step"] * 1e3 <= sum(durations_us) / r.steps_analysed + 1e-3
+        # one denominator with the shares: Σ step length
+        assert m["share_comm_wait"] + m["share_comm_transport"] == pytest.approx(
+            100 * m["comm_raw_ms_per_step"] / m["decode_step_ms"])
+
+
+def _comm_calls_us(path) -> list[float]:
+    import gzip
+    import math
+    import re
+
+    rules = load_rules()
+    comm = set(rules.groups["communication"])
+    events = json.load(gzip.open(path))["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("cat") == "user_annotation"
+             and re.fullmatch(r"execute_context_0\(0\)_generation_[1-9]\d*\(\d+\)", e["name"])]
+    ops = sorted((str((e["pid"], e["tid"])), e["ts"], -e["dur"]) for e in events
+                 if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                 and rules.classify(e["name"], "cpu_op") in comm)
+    out, reach = [], {}
+    for lane, s, neg_dur in ops:  # by lane, start, longest first: an op inside an earlier one
+        e = s - neg_dur           # is nested in it
+        if s >= reach.get(lane, -math.inf) and any(a <= s < b for a, b in steps):
+            out.append(e - s)
+        reach[lane] = max(reach.get(lane, -math.inf), e)
+    return out
 
 
 def test_analyze_cli_on_the_real_traces_agrees(profiled):

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-BASE = 1_790_857_026_000.0  # µs since the epoch, like Kineto's "ts"
+# µs; the magnitude of Kineto's "ts" (µs since the trace's baseTimeNanoseconds, the
+# system clock floored to a ~3-month interval: real ones read ~5e12). Not since the epoch.
+BASE = 1_790_857_026_000.0
 
 DECODE = "execute_context_0(0)_generation_1(1)"
 PREFILL = "execute_context_1(8)_generation_0(0)"
