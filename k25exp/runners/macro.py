@@ -231,8 +231,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             return not conn.alive()
 
         async def phase(name: str, level: int, c: int, n: Optional[int], duration: Optional[float],
-                        first_prompt: int, progress: _Progress) -> tuple[dict, dict]:
-            """Runs one phase; returns its raw result and its figures (client side)."""
+                        first_prompt: int, progress: _Progress) -> dict:
+            """Runs one phase; returns its raw result (figures() turns it into figures)."""
             errors = done = 0
             task = progress.task(f"{name} c={c}", n)
             f = exp.fault
@@ -261,27 +261,45 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             finally:
                 gc.enable()
             gc.collect()
-            figs = level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
-                                 exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
-                                 rule)  # also marks each record's delivery stalls
+            return res
+
+        def write(res: dict) -> None:
             # Written once the level is over: no disk I/O in the event loop while it measures
             # (a write stalled by other processes' writeback would show up as client lag).
-            jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
-            jsonl.flush()
-            return res, figs
+            if not res.get("written"):
+                jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
+                jsonl.flush()
+                res["written"] = True
+
+        def figures(res: dict, srv: dict) -> dict:
+            """The phase's figures with the server's view merged; marks each record's delivery
+            stalls against the engine's own TPOT when the server gave one (delivery cannot
+            compress it, unlike the client's, which collapses when every chunk came in a burst),
+            else against the level's median request TPOT; then writes the records."""
+            step = srv.get("server_tpot_ms_mean")
+            figs = level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
+                                 exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
+                                 rule, step_ref_s=step / 1e3 if step else None)
+            _merge_server(figs, srv)
+            write(res)
+            return figs
+
+        def completed(res: dict) -> int:
+            return sum(1 for r in res["records"] if r["ok"])
 
         with _Progress(exp.progress) as progress:
             if exp.warmup:
-                await phase("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS, progress)
+                write(await phase("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS, progress))
                 _check_alive(conn, "warm-up")
             if exp.single_stream_requests:
                 await _reset_prefix_cache(http, cache)
                 before = await _scrape(http, conn.model)
-                res, figs = await phase("single", 1, 1, exp.single_stream_requests, None, 0,
-                                        progress)
+                res = await phase("single", 1, 1, exp.single_stream_requests, None, 0, progress)
+                if not conn.alive():
+                    write(res)
                 _check_alive(conn, "the single-stream phase")
-                srv, src = await _server_view(http, conn.model, before, figs["completed"])
-                _merge_server(figs, srv)
+                srv, src = await _server_view(http, conn.model, before, completed(res))
+                figs = figures(res, srv)
                 single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
                           "single_stream_tpot_ms_mean": figs.get("tpot_ms_mean"),
                           "single_stream_ttft_ms": figs.get("ttft_ms_p50"),
@@ -316,9 +334,11 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 await _reset_prefix_cache(http, cache)
                 before = await _scrape(http, conn.model)
                 n = None if exp.duration_s else requests_for(exp, c)
-                res, figs = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
-                if figs["errors"] and conn.managed is not None:
+                res = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
+                if completed(res) < len(res["records"]) and conn.managed is not None:
                     await _settle(http, conn)  # a dying server closes sockets before it exits
+                if not conn.alive() or (completed(res) == 0 and conn.managed is None):
+                    figs = figures(res, {})
                 if not conn.alive():
                     rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]}, step=c)
                     _finish(out, exp, rows, measured, summary, rec, jsonl)
@@ -326,15 +346,15 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                         f"vLLM died during level concurrency={c} ({figs['completed']} of "
                         f"{figs['requests']} requests completed; {len(measured)} level(s) measured "
                         f"before it); last lines of its log:\n{conn.log_tail()}")
-                if figs["completed"] == 0 and conn.managed is None:
+                if completed(res) == 0 and conn.managed is None:
                     try:
                         await http.get("/health", timeout=5.0)
                     except httpx.HTTPError as e:
                         _finish(out, exp, rows, measured, summary, rec, jsonl)
                         raise ServerError(f"endpoint {conn.base_url} stopped answering during "
                                           f"level concurrency={c}: {type(e).__name__}: {e}") from None
-                srv, _ = await _server_view(http, conn.model, before, figs["completed"])
-                _merge_server(figs, srv)
+                srv, _ = await _server_view(http, conn.model, before, completed(res))
+                figs = figures(res, srv)
                 if not figs["valid"]:
                     log.warning(describe_invalid(f"level c={c}", figs, exp.max_client_lag_ms))
                 rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)

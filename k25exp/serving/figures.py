@@ -55,10 +55,12 @@ def _pcts(prefix: str, xs: Sequence[float], qs: Sequence[int], scale: float = 1e
 def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float] = None,
                   loop_lag_ms: Sequence[float] = (), max_client_lag_ms: float = float("inf"),
                   target_output: Optional[int] = None, target_input: Optional[int] = None,
-                  stall_rule: stalls.StallRule = stalls.StallRule()) -> dict:
-    """The level's figures; annotates each record with its `stalls` (stalls.mark)."""
+                  stall_rule: stalls.StallRule = stalls.StallRule(),
+                  step_ref_s: Optional[float] = None) -> dict:
+    """The level's figures; annotates each record with its `stalls` (stalls.mark), measured
+    against `step_ref_s` (the engine's TPOT) when given, else the level's median TPOT."""
     ok = [r for r in records if r["ok"]]
-    step = stalls.mark(records, stall_rule)
+    step = stalls.mark(records, stall_rule, step_ref_s)
     m: dict[str, float] = {"requests": len(records), "completed": len(ok),
                            "errors": len(records) - len(ok),
                            "malformed_chunks": sum(r.get("malformed", 0) for r in records),

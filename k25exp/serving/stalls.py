@@ -7,9 +7,11 @@ the engine and the client (the API server's process preempted on busy cores, a p
 network) and released together. The engine's own latency histograms never see this; the
 client's TTFT/TPOT/E2E do, which is what a user sees too.
 
-Definitions (per request, token-carrying chunks at times t0 < t1 < …, the request's level
-giving the reference decode step `step` = the median of its requests' TPOTs: a request's TPOT
-is its mean chunk gap, which a stall does not shrink, since the silence pays for the burst):
+Definitions (per request, token-carrying chunks at times t0 < t1 < …; the reference decode
+step `step` is the engine's own mean TPOT over the level (vLLM's /metrics histogram) when the
+server gives it, else the median of the level's request TPOTs: a request's TPOT is its mean
+chunk gap, which a stall does not shrink since the silence pays for the burst, though it does
+collapse when a request's whole stream arrives in one burst):
     burst   a maximal run of ≥ `min_chunks` chunks, each within `burst_frac` × step of the one
             before it
     stall   a burst whose first chunk follows a silence of ≥ max(2 × step, `min_gap_ms`);
@@ -72,10 +74,12 @@ def level_step_s(records: Sequence[dict]) -> Optional[float]:
     return median(tpots) if tpots else None
 
 
-def mark(records: Sequence[dict], rule: StallRule = StallRule()) -> Optional[float]:
+def mark(records: Sequence[dict], rule: StallRule = StallRule(),
+         step_s: Optional[float] = None) -> Optional[float]:
     """Adds `stalls` ([[chunk, gap_ms, burst_chunks], …]) to every successful record of one
-    level (failed ones get []); returns the reference step used (s), None without one."""
-    step = level_step_s(records)
+    level (failed ones get []), against `step_s` (the engine's own TPOT, when the caller has
+    it) or else the level's median request TPOT; returns the step used (s)."""
+    step = step_s or level_step_s(records)
     for r in records:
         found = find_stalls(r.get("chunk_s") or [], step, rule) if step and r.get("ok") else []
         r["stalls"] = [s.as_list() for s in found]

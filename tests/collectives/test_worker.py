@@ -39,7 +39,8 @@ def test_corrupted_result_is_caught_on_the_right_rank(tmp_path):
     files = read_rank_files(tmp_path)
     (p,) = files.points  # the run stops after the point whose check failed
     assert p.wrong == 1 and p.wrong_detail == [
-        {"rank": 1, "wrong": 1, "first_wrong_index": 0, "got": 4.0, "expected": 3.0}]  # 1 × (1 + 2), plus 1
+        {"rank": 1, "wrong": 1, "first_wrong_index": 0, "got": 4.0, "expected": 3.0,
+             "wrong_op": "all_reduce", "wrong_bytes": 128}]  # 1 × (1 + 2), plus 1
 
 
 def test_dead_rank_keeps_finished_points(tmp_path):

@@ -44,14 +44,15 @@ def test_hardware_composes(hw):
 
 def test_kimi_decode_message_is_derived():
     e = OmegaConf.to_object(compose_cfg("experiment=nccl_burst")).experiment
-    assert (e.message_bytes, e.ops_per_step) == (14336, 122)  # 7168 × 2 B, 2 × 61 layers
+    assert (e.message_bytes, e.ops_per_step) == (14336, None)  # 7168 × 2 B; null = the step's list
+    assert e.communicator in ("torch", "vllm") and e.logits_op == "all_gather"
     e8 = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "experiment.tokens=8")).experiment
     assert e8.message_bytes == 8 * 14336
 
 
 def test_derived_sizes_follow_model_and_dtype_overrides():
     e = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "model=tiny_kimi")).experiment
-    assert (e.message_bytes, e.ops_per_step) == (512 * 2, 6)
+    assert e.message_bytes == 512 * 2
     e = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "experiment.dtype=float32")).experiment
     assert e.message_bytes == 7168 * 4
     a = OmegaConf.to_object(compose_cfg("experiment=all_to_all", "model.num_experts_per_tok=4")).experiment

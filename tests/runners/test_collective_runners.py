@@ -42,8 +42,10 @@ def one(rec, key, step=None):
 
 
 def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
+    # the seed campaign's burst (122 all-reduces of the layer message) through c10d
     cfg, rec, _ = run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.tokens=2",
-                      "experiment.reference_tpot_ms=20")
+                      "experiment.reference_tpot_ms=20", "experiment.ops_per_step=122",
+                      "experiment.communicator=torch")
     burst_ms = median(raw_queued(tmp_path, 0)) * 1e3
     assert one(rec, "burst_ms") == pytest.approx(burst_ms)
     assert one(rec, "queued_op_us") == pytest.approx(burst_ms * 1e3 / 122)
@@ -57,7 +59,9 @@ def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
     assert rec.tags["backend"] == "gloo" and rec.tags["world_size"] == "2"
     assert "perf_counter_ns" in rec.tags["timing.timer"]
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-    assert len(rows) == 1 and rows[0]["size(B)"] == "28672" and rows[0]["ops"] == "122"
+    assert len(rows) == 1 and rows[0]["bytes/step"] == str(122 * 28672) and rows[0]["ops"] == "122"
+    assert one(rec, "ops_per_step") == 122 and one(rec, "bytes_per_step") == 122 * 28672
+    assert rec.tags["communicator"] == "torch" and rec.tags["communicator.impl"] == "torch.distributed (gloo)"
     assert (tmp_path / "plots" / "op_latency_hist.png").stat().st_size > 1000
 
 
@@ -111,3 +115,29 @@ def test_failed_run_logs_finished_points_then_raises(tmp_path):
 def test_wrong_result_fails_naming_rank_and_size(tmp_path):
     with pytest.raises(CollectiveFailed, match=r"wrong all_reduce result on rank 0 at 14336 B"):
         run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.fault.corrupt_rank=0")
+
+
+def test_step_collectives_through_vllms_own_communicator(tmp_path):
+    """vLLM's TP communicator on 2 CPU ranks (the CPU build's shared-memory all-reduce, the
+    path its server runs): tiny_kimi's decode step at TP 2, each op's result checked on every
+    rank against the sum / concatenation written out by hand in the worker."""
+    pytest.importorskip("vllm")
+    _, rec, _ = run(tmp_path, "experiment=nccl_burst", "debug=quick", "model=tiny_kimi",
+                    "experiment.communicator=vllm")
+    assert rec.tags["communicator"] == "vllm"
+    assert rec.tags["communicator.impl"] == "shm (vLLM _CPUSHMDistributed, _C::shm_allreduce)"
+    # 1 + 2 × 3 layers all-reduces of 512 × 2 B, 1 all-gather of 2 × 2048 × 2 B
+    assert one(rec, "ops_per_step") == 8 and one(rec, "bytes_per_step") == 7 * 1024 + 8192
+    assert one(rec, "wrong") == 0
+    recs = [json.loads(x) for f in sorted((tmp_path / "raw").glob("rank*.jsonl"))
+            for x in f.read_text().splitlines()]
+    points = [r for r in recs if r["kind"] == "point"]
+    assert len(points) == 2 and all(r["wrong"] == 0 and r["wrong_all_ranks"] == 0 for r in points)
+    assert points[0]["sequence_ops"] == ["all_reduce"] * 7 + ["all_gather"]
+    ar = median([max(a, b) for a, b in zip(*(r["queued_kind_s"]["all_reduce"] for r in points))])
+    assert one(rec, "allreduce_ms_per_step") == pytest.approx(ar * 1e3)
+    rows = list(csv.DictReader(open(tmp_path / "step_collectives.csv")))
+    assert [r["name"] for r in rows][::7] == ["embedding", "logits"] and rows[-1]["bytes(S)"] == "8192"
+    with pytest.raises(CollectiveFailed, match=r"wrong all_reduce result on rank 1 at 1024 B"):
+        run(tmp_path / "bad", "experiment=nccl_burst", "debug=quick", "model=tiny_kimi",
+            "experiment.communicator=vllm", "experiment.fault.corrupt_rank=1")

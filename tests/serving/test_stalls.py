@@ -110,3 +110,15 @@ def test_the_same_stub_without_holding_back_flags_nothing():
     assert all(r["stalls"] == [] for r in res["records"])
     assert "delivery stall" not in invalid_reason(f)
     assert f["tpot_ms_mean_no_stalls"] == pytest.approx(f["tpot_ms_mean"])
+
+
+def test_whole_streams_in_one_burst_need_the_engines_step():
+    """Every request's 16 chunks arrive within 1.5 ms after a 1.1 s TTFT (the shape seen with a
+    starved client): against the level's own median TPOT (0.1 ms) nothing looks short, against
+    the engine's 8 ms step each request is one stall at its first chunk, 15 × 8 = 120 ms."""
+    recs = [_rec([1.1 + i * 0.0001 for i in range(16)]) for _ in range(3)]
+    assert level_figures(recs, wall_s=4.0, max_client_lag_ms=1e9)["delivery_stalls"] == 0
+    f = level_figures(recs, wall_s=4.0, max_client_lag_ms=1e9, step_ref_s=0.008)
+    assert f["stall_ref_step_ms"] == pytest.approx(8.0)
+    assert f["delivery_stalls"] == 3 and recs[0]["stalls"] == [[0, pytest.approx(120.0), 16]]
+    assert f["tpot_n_no_stalls"] == 0 and "tpot_ms_mean_no_stalls" not in f

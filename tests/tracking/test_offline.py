@@ -23,7 +23,8 @@ def all_runs(uri):
 
 
 def test_offline_multirun_synced_twice_appears_once(k25, tmp_path):
-    r = k25("-m", "tracking=offline", "experiment=nccl_burst", "debug=quick", "experiment.tokens=1,8")
+    r = k25("-m", "tracking=offline", "experiment=nccl_burst", "debug=quick", "experiment.tokens=1,8",
+            "experiment.ops_per_step=122", "experiment.communicator=torch")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (r.outputs / "mlflow.db").exists()  # nothing reached a store
     (sweep,) = r.outputs.glob("multiruns/*/*")
@@ -38,7 +39,7 @@ def test_offline_multirun_synced_twice_appears_once(k25, tmp_path):
     assert parent.data.metrics == {"children": 2.0, "failed_children": 0.0}
     for ch in children:
         assert ch.info.status == "FINISHED" and "burst_ms" in ch.data.metrics
-        assert ch.data.params["experiment.ops_per_step"] == "122"
+        assert ch.data.params["experiment.ops_per_step"] == "122"  # set by the test's overrides
         arts = {a.path for a in c.list_artifacts(ch.info.run_id)}
         assert {"config.resolved.yaml", "raw", "results.csv"} <= arts
         assert not arts & {"offline_run.json", "offline_metrics.jsonl"}
