@@ -236,6 +236,11 @@ class GemmConfig(ExperimentBase):
     graph: bool = False  # CUDA only: time a CUDA-graph replay (no launch overhead)
     threads: Optional[int] = None  # CPU: torch.set_num_threads; null = torch's default
     seed: int = "${seed}"  # type: ignore[assignment]
+    # One MoE layer's routed experts as one fused call (k25exp.gemm.moe) at a batch of c
+    # tokens: vLLM's own fused MoE op, and a plain-torch grouped reference. [] skips it.
+    moe_kernels: List[str] = field(default_factory=lambda: ["vllm_fused_moe", "reference_grouped_moe"])
+    moe_batches: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    moe_max_weight_gib: float = 8.0  # skip (with the reason) a layer whose weights exceed it
 
 
 @dataclass

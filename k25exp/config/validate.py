@@ -196,6 +196,14 @@ def _check_gemm(c: K25Config, p: list[str]) -> None:
         p.append("experiment.shapes=[] and no experiment.extra_shapes: expected something to time")
     if not exp.kernels:
         p.append("experiment.kernels=[]: expected at least one kernel")
+    from k25exp.gemm.moe import CANDIDATES
+
+    for k in exp.moe_kernels:
+        if k not in CANDIDATES:
+            p.append(f"experiment.moe_kernels: unknown candidate {k!r}; expected some of "
+                     f"{sorted(CANDIDATES)}")
+    if any(c <= 0 for c in exp.moe_batches):
+        p.append(f"experiment.moe_batches={exp.moe_batches}: expected positive token counts")
 
 
 def _check_macro(c: K25Config, p: list[str]) -> None:

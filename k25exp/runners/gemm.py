@@ -20,6 +20,7 @@ import torch
 
 from k25exp import plots, tables
 from k25exp.config.schema import GemmConfig, K25Config
+from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
 from k25exp.gemm.quant import dequantize, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
@@ -143,6 +144,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     rows.append(r)
                     rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
             _plot(out, label, shape, rows)
+        rows += _moe_layer(cfg, device, rec, failures)
     finally:
         torch.set_num_threads(threads_before)
         _write_tables(out, rows, cfg)
@@ -152,6 +154,62 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         raise GemmFailed("correctness gate: " + "; ".join(failures[:5])
                          + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""))
     return summary
+
+
+def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: list[str]) -> list[Row]:
+    """One MoE layer's routed experts at c tokens, as one call per candidate (Row.m = c
+    tokens, N/K = the layer's 2I × H); metrics `moe.tp<N>/<candidate>/<figure>`, step = c.
+    `gbps` counts the weights of the distinct experts the routing touches + activations."""
+    exp: GemmConfig = cfg.experiment
+    m = cfg.model
+    if not exp.moe_kernels or not exp.moe_batches or m.n_routed_experts <= 0:
+        return []
+    inter = m.moe_intermediate_size // exp.tp
+    label = f"moe.tp{exp.tp}"
+    gib = m.n_routed_experts * 3 * inter * m.hidden_size * 2 / 2**30
+    if gib > exp.moe_max_weight_gib:
+        why = (f"{m.n_routed_experts} experts x [{2 * inter} x {m.hidden_size}] + [{m.hidden_size} "
+               f"x {inter}] bf16 = {gib:.1f} GiB > experiment.moe_max_weight_gib="
+               f"{exp.moe_max_weight_gib:g}")
+        rec.set_tags({f"skipped.{label}": why})
+        return [Row(label, 2 * inter, m.hidden_size, k, c, "skipped", note=why)
+                for k in exp.moe_kernels for c in exp.moe_batches]
+    w13, w2 = moe.make_weights(m.n_routed_experts, m.hidden_size, inter, torch.bfloat16, device, exp.seed)
+    ref13, ref2 = w13.float(), w2.float()
+    gen = torch.Generator().manual_seed(exp.seed + 1)
+    rows: list[Row] = []
+    rec.set_tags({f"{label}.routing": f"top-{m.num_experts_per_tok} of {m.n_routed_experts} "
+                  "experts, sigmoid of seeded random scores, renormalised"})
+    for c in exp.moe_batches:
+        tw, ti = moe.route(c, m.n_routed_experts, m.num_experts_per_tok, exp.seed + c, device)
+        x = torch.randn(c, m.hidden_size, generator=gen).to(device, torch.bfloat16)
+        want = moe.reference_moe(x.float(), ref13, ref2, tw, ti)
+        touched = int(ti.unique().numel())
+        nbytes = touched * 3 * inter * m.hidden_size * 2 + 2 * 2 * c * m.hidden_size
+        for name in exp.moe_kernels:
+            try:
+                fn = moe.CANDIDATES[name](w13, w2, tw, ti)
+            except moe.Unavailable as e:
+                rows.append(Row(label, 2 * inter, m.hidden_size, name, c, "skipped", note=str(e)))
+                rec.set_tags({f"skipped.{label}.{name}": str(e)})
+                continue
+            ok, err = check_correct(fn(x), want, exp.rtol)
+            if not ok:
+                msg = f"{name} on {label} at c={c}: max_rel_err {err:.3g} > rtol {exp.rtol:g}"
+                failures.append(msg)
+                rows.append(Row(label, 2 * inter, m.hidden_size, name, c, "failed", max_rel_err=err, note=msg))
+                continue
+            t = time_fn(fn, x, device, warmup=exp.warmup, iters=exp.iters, flush_l2=exp.flush_l2,
+                        graph=exp.graph and name != "reference_grouped_moe")  # data-dependent loop
+            lat = t.median_us
+            flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
+            r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, t.p90_us, flops / lat / 1e6,
+                    nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100, None, err,
+                    note="reference, not vLLM's path" if name == "reference_grouped_moe" else "")
+            rows.append(r)
+            rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}
+                            | {f"{label}/{name}/experts_touched": touched}, step=c)
+    return rows
 
 
 def _figures(r: Row) -> dict[str, float]:

@@ -1,0 +1,82 @@
+"""One MoE layer's routed experts as one call: each candidate against a token-by-token loop
+written out here, and the gemm runner's MoE rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from k25exp.gemm import moe
+
+E, H, I, K = 16, 512, 64, 4  # tiny_kimi's layer at TP 2: 16 experts, top-4, I = 128 / 2
+
+
+def by_hand(x, w13, w2, tw, ti):
+    out = torch.zeros(x.shape[0], H)
+    for t in range(x.shape[0]):
+        for j in range(K):
+            e = int(ti[t, j])
+            h = w13[e].float() @ x[t].float()
+            out[t] += tw[t, j] * (w2[e].float() @ (F.silu(h[:I]) * h[I:]))
+    return out
+
+
+@pytest.mark.parametrize("c", [1, 3, 32])
+@pytest.mark.parametrize("name", ["reference_grouped_moe", "vllm_fused_moe"])
+def test_candidates_match_a_token_by_token_loop(name, c):
+    if name == "vllm_fused_moe":
+        pytest.importorskip("vllm")
+    w13, w2 = moe.make_weights(E, H, I, torch.bfloat16, "cpu", seed=0)
+    tw, ti = moe.route(c, E, K, seed=c)
+    x = torch.randn(c, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    want = by_hand(x, w13, w2, tw, ti)
+    got = moe.CANDIDATES[name](w13, w2, tw, ti)(x).float()
+    assert got.shape == (c, H)
+    assert (got - want).abs().max() / want.abs().max() < 2e-2  # bf16 output, fp32 loop
+
+
+def test_routing_picks_k_distinct_experts_with_weights_summing_to_one():
+    tw, ti = moe.route(64, E, K, seed=3)
+    assert ti.dtype == torch.int32 and tw.dtype == torch.float32
+    assert all(len(set(row.tolist())) == K for row in ti) and int(ti.max()) < E
+    assert torch.allclose(tw.sum(-1), torch.ones(64))
+    assert torch.equal(moe.route(64, E, K, seed=3)[1], ti)  # deterministic
+
+
+def test_gemm_runner_times_the_moe_layer_per_batch(tmp_path):
+    pytest.importorskip("vllm")
+    from k25exp.config.validate import to_typed
+    from k25exp.runners import runner_for
+    from k25exp.tracking import MemoryRecorder
+    from tests.conftest import compose_cfg
+
+    cfg = to_typed(compose_cfg("experiment=gemm", "model=tiny_kimi", "experiment.shapes=[expert_down]",
+                               "experiment.m_values=[1]", "experiment.moe_batches=[1,8]",
+                               "experiment.iters=3", "experiment.kernels=[torch_bf16]"),
+                   gpu_count=lambda: 0)
+    rec = MemoryRecorder()
+    runner_for(cfg.experiment)(cfg, tmp_path, rec)
+    for name in ("vllm_fused_moe", "reference_grouped_moe"):
+        lat = rec.latest(f"moe.tp2/{name}/latency_us")
+        assert sorted(lat) == [1, 8] and all(v > 0 for v in lat.values())
+        assert rec.latest(f"moe.tp2/{name}/max_rel_err")[8] < 2e-2
+        # 1 token touches its 4 experts; 8 tokens touch between 4 and 16
+        assert rec.latest(f"moe.tp2/{name}/experts_touched")[1] == 4
+        assert 4 <= rec.latest(f"moe.tp2/{name}/experts_touched")[8] <= 16
+    assert "reference, not vLLM's path" in (tmp_path / "notes.txt").read_text()
+
+
+def test_a_layer_too_big_for_the_budget_is_skipped_with_its_size(tmp_path):
+    from k25exp.config.validate import to_typed
+    from k25exp.runners import runner_for
+    from k25exp.tracking import MemoryRecorder
+    from tests.conftest import compose_cfg
+
+    cfg = to_typed(compose_cfg("experiment=gemm", "experiment.shapes=[expert_down]",
+                               "experiment.m_values=[1]", "experiment.iters=2",
+                               "experiment.kernels=[torch_bf16]"), gpu_count=lambda: 0)
+    rec = MemoryRecorder()
+    runner_for(cfg.experiment)(cfg, tmp_path, rec)
+    # Kimi at TP 2: 384 × 3 × 1024 × 7168 × 2 B = 15.75 GiB
+    assert "= 15.8 GiB > experiment.moe_max_weight_gib=8" in rec.tags["skipped.moe.tp2"]
