@@ -5,13 +5,17 @@ and says why (`missing`), and nothing downstream of it is computed from a defaul
 
 Decode budget at batch 1 (one decode step of one sequence):
     tpot_ms        macro's single_stream_tpot_ms (p50 of (e2e − ttft)/(tokens − 1))
-    comm_ms        nccl_burst at tokens=1: the burst of ops_per_step = 2 × num_hidden_layers
-                   AllReduces of the decode message, queued back to back (burst_ms)
+    comm_ms        nccl_burst at tokens=1: the decode step's collectives (2 × layers + 2:
+                   embedding all-reduce, 2 per layer, logits all-gather) through the run's
+                   communicator (vLLM's own by default), queued back to back (burst_ms)
     gemm_ms        Σ over the model's GEMMs of latency(M=1) × count_per_layer × layers, from
                    the GEMM runs (k25exp.gemm.shapes; routed experts count top_k times)
     rest_ms        tpot − comm − gemm (attention, norms, routing, sampling, host overhead)
-    comm share     comm_ms / tpot_ms, beside the profile's share_communication (its kernels'
-                   share of the profiled decode step); the difference is in percentage points
+    comm share     over one denominator, the batch-1 TPOT: comm_ms / tpot_ms (burst) beside the
+                   batch-1 profile's communication transport and wait per step / tpot_ms (the
+                   calls' time split at the last rank's arrival, k25exp.traces.comm_split);
+                   the difference burst − transport is in percentage points. The profile's
+                   exposed share of its own (profiled) step is shown too
 Expert parallelism, per concurrency c on `world` ranks:
     tokens/GPU     ceil(c / world): each rank dispatches its share of the batch
     ep_ms          2 (dispatch + combine) × MoE layers × a2a_us(tokens/GPU), all_to_all sweep
@@ -201,8 +205,11 @@ def _auto_kernel(run: RunView, label: str) -> Optional[str]:
 def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
     sec = Section("Decode-time budget at batch 1")
     macro = c.latest("macro", lambda r: "single_stream_tpot_ms" in r.metrics)
-    burst = c.latest("nccl_burst", lambda r: r.param("experiment.tokens", int) == 1)
-    profile = c.latest("profile")
+    burst = (c.latest("nccl_burst", lambda r: r.param("experiment.tokens", int) == 1
+                      and r.param("experiment.ops_per_step") is None)
+             or c.latest("nccl_burst", lambda r: r.param("experiment.tokens", int) == 1))
+    profile = c.latest("profile", lambda r: r.param("experiment.concurrency", int) == 1) \
+        or c.latest("profile")
     tpot = macro.metrics["single_stream_tpot_ms"] if macro else None
     sec.figures.append(Figure("TPOT at batch 1 (macro)", tpot, "ms", [macro],
                               "single-stream p50, client clock") if macro else
@@ -222,11 +229,15 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                                     f"run {burst.short} has no burst_ms", "ms"))
     elif burst:
         ops = burst.param("experiment.ops_per_step", int)
+        what = (f"the step's {burst.metrics.get('ops_per_step', 0):.0f} collectives "
+                f"({burst.metrics.get('bytes_per_step', 0):.0f} B)" if ops is None else
+                f"{ops} AllReduces of {burst.param('experiment.message_bytes')} B (the seed's "
+                "burst: no embedding all-reduce, no logits all-gather)")
         sec.figures.append(Figure(
             "communication per step (NCCL burst)", comm, "ms", [burst],
-            f"{ops} AllReduces of {burst.param('experiment.message_bytes')} B (2 × "
-            f"{burst.param('model.num_hidden_layers')} layers), queued, "
-            f"{burst.param('hardware.backend')} on {burst.param('hardware.world_size')} ranks"))
+            f"{what}, queued, communicator {burst.param('experiment.communicator', str, 'torch')}"
+            f" ({burst.tags.get('communicator.impl', burst.param('hardware.backend'))}) on "
+            f"{burst.param('hardware.world_size')} ranks"))
     else:
         sec.figures.append(_missing("communication per step (NCCL burst)",
                                     c.why_missing("nccl_burst", "at experiment.tokens=1"), "ms"))
@@ -258,22 +269,40 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
     sec.figures.append(Figure("communication share (burst / TPOT)", cs_burst, "%",
                               [r for r in (burst, macro) if r]) if cs_burst is not None else
                        _missing("communication share (burst / TPOT)", "needs the burst and TPOT", "%"))
+    split = {k: profile.metrics.get(f"comm_{k}_ms_per_step") for k in ("transport", "wait")} \
+        if profile else {}
+    for k in ("transport", "wait"):
+        label = f"communication share (profile {k} / TPOT)"
+        v = _share(split.get(k), tpot)
+        if v is not None:
+            sec.figures.append(Figure(label, v, "%", [profile, macro],
+                                      f"{split[k]:.3f} ms per step (mean over ranks) at concurrency "
+                                      f"{profile.param('experiment.concurrency')}, over the batch-1 TPOT"))
+        else:
+            sec.figures.append(_missing(label, "needs the batch-1 TPOT and a profile of ≥ 2 ranks "
+                                        "(the wait/transport split)" if profile else
+                                        c.why_missing("profile"), "%"))
     if profile and cs_prof is not None:
         sec.figures.append(Figure("communication share (profile)", cs_prof, "%", [profile],
-                                  f"communication kernels / decode step of "
+                                  f"exposed communication / profiled decode step of "
                                   f"{profile.metrics.get('decode_step_ms', float('nan')):.3f} ms, "
                                   f"{profile.metrics.get('steps_analysed', 0):.0f} steps"))
     else:
         sec.figures.append(_missing("communication share (profile)",
                                     f"profile run {profile.short} has no share_communication"
                                     if profile else c.why_missing("profile"), "%"))
-    if cs_burst is not None and cs_prof is not None:
-        sec.figures.append(Figure("difference (burst − profile)", (cs_burst - cs_prof) * 100, "pp",
-                                  [burst, macro, profile]))
-        if burst and burst.param("hardware.backend") == "gloo":
-            sec.notes.append("the burst ran on gloo between processes; vLLM's CPU build reduces "
-                             "through shared memory (`_C::shm_allreduce`), so the two estimates "
-                             "measure different transports")
+    cs_tr = _share(split.get("transport"), tpot)
+    if cs_burst is not None and cs_tr is not None:
+        sec.figures.append(Figure("difference (burst − profile transport)", (cs_burst - cs_tr) * 100,
+                                  "pp", [burst, macro, profile], "over the same denominator (TPOT)"))
+    else:
+        sec.figures.append(_missing("difference (burst − profile transport)",
+                                    "needs the burst, TPOT and the profile's transport", "pp"))
+    if burst and burst.param("experiment.communicator", str, "torch") != "vllm":
+        sec.notes.append(f"burst run {burst.short} timed PyTorch's c10d "
+                         f"({burst.param('hardware.backend')}), not vLLM's communicator (the "
+                         "CPU build's shared-memory all-reduce, the GPU build's custom "
+                         "all-reduce): it answers how c10d would do, not what the server pays")
     if gemm_ms is not None and tpot:
         sec.figures.append(Figure("GEMM share (GEMM / TPOT)", gemm_ms / tpot, "%", _unique(gruns + [macro])))
     if profile:

@@ -17,8 +17,15 @@ from k25exp.report.budget import Figure, Section
 from k25exp.report.sources import PHASES, Campaign, RunView
 
 HEADLINE = ("TPOT at batch 1 (macro)", "communication share (burst / TPOT)",
-            "communication share (profile)", "difference (burst − profile)",
-            "GEMM share (GEMM / TPOT)", "EP break-even concurrency")
+            "communication share (profile transport / TPOT)",
+            "communication share (profile wait / TPOT)", "difference (burst − profile transport)",
+            "TPOT prediction error, worst level", "GEMM share (GEMM / TPOT)",
+            "EP break-even concurrency")
+CAVEATS = ("random weights", "refused:")  # notes that change how every figure reads
+
+
+def headline_notes(sections: Sequence[Section]) -> list[str]:
+    return [n for s in sections for n in s.notes if any(k in n for k in CAVEATS)]
 
 
 def run_url(ui_url: str, r: RunView) -> str:
@@ -92,6 +99,9 @@ def make_plots(sections: Sequence[Section], folder: Path) -> dict[str, Path]:
                                        "Expert parallelism vs the AllReduce it replaces", logy=True)
         elif p["kind"] == "spec":
             out[s.title] = _spec_plot(folder / "spec_projection.png", p)
+        elif p["kind"] == "sweep":
+            out[s.title] = plots.sweep(folder / p["file"], p["x"], p["series"], p["xlabel"],
+                                       p["ylabel"], p["title"])
     return out
 
 
@@ -161,6 +171,7 @@ def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pat
              f"Run links open in `k25exp ui` ({ui_url}).", "", "## Headline", "",
              "| figure | value | runs | note |", "|---|---|---|---|"]
     lines += [_md_figure(f, ui_url) for f in headline(sections)]
+    lines += [f"\n**{_md_text(n)}**" for n in headline_notes(sections)]
     for s in sections:
         lines += ["", f"## {s.title}", "", "| figure | value | runs | note |", "|---|---|---|---|"]
         lines += [_md_figure(f, ui_url) for f in s.figures]
@@ -226,6 +237,7 @@ def html_page(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pa
            f"generated {html.escape(generated)}. Run links open in <code>k25exp ui</code> "
            f"({html.escape(ui_url)}).</p>", "<h2>Headline</h2>"]
     out += _h_figs(headline(sections), ui_url)
+    out += [f"<p><b>{html.escape(n)}</b></p>" for n in headline_notes(sections)]
     for s in sections:
         out.append(f"<h2>{html.escape(s.title)}</h2>")
         out += _h_figs(s.figures, ui_url)
@@ -254,4 +266,5 @@ def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,
     md.write_text(markdown(c, sections, plot_files, ui_url, folder, generated))
     page = folder / "report.html"
     page.write_text(html_page(c, sections, plot_files, ui_url, generated))
-    return md, page, headline_text(headline(sections))
+    caveats = "".join(f"\nNOTE: {n}" for n in headline_notes(sections))
+    return md, page, headline_text(headline(sections)) + caveats

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from k25exp.config.schema import K25Config, ReportConfig
-from k25exp.report import budget, render
+from k25exp.report import budget, provenance, reconcile, render
 from k25exp.report.sources import latest_campaign, load_campaign
 from k25exp.tracking.recorder import Recorder
 
@@ -29,9 +29,13 @@ METRICS = {
     "rest (attention, norms, routing, host)": "rest_ms",
     "communication share (burst / TPOT)": "comm_share_burst",
     "communication share (profile)": "comm_share_profile",
-    "difference (burst − profile)": "comm_share_diff_pp",
+    "communication share (profile transport / TPOT)": "comm_share_profile_transport",
+    "communication share (profile wait / TPOT)": "comm_share_profile_wait",
+    "difference (burst − profile transport)": "comm_share_diff_pp",
     "GEMM share (GEMM / TPOT)": "gemm_share",
     "EP break-even concurrency": "ep_break_even_concurrency",
+    "TPOT prediction error, worst level": "tpot_pred_err_pct_worst",
+    "reconciled step": "reconciled_step_ms",
     "all-to-all knee": "a2a_knee_tokens_per_gpu",
 }
 
@@ -56,9 +60,17 @@ def folder_name(campaign: str) -> str:
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ReportConfig = cfg.experiment
     campaign = exp.campaign or latest_campaign(exp.tracking_uri)
-    c = load_campaign(exp.tracking_uri, campaign)
-    sections = [budget.decode_budget(c, exp.gemm_kernel), budget.expert_parallel(c),
+    c, refused = provenance.check(load_campaign(exp.tracking_uri, campaign))
+    recon, per_c = reconcile.reconcile(c)
+    pred, per_level = reconcile.predict(c, per_c)
+    sections = [budget.decode_budget(c, exp.gemm_kernel), recon, pred, budget.expert_parallel(c),
                 budget.speculative(c, exp.alphas, exp.draft_lengths)]
+    if refused:  # refused by name, never summed
+        sections[0].notes[:0] = [str(r) for r in refused]
+    if provenance.random_weights(c):
+        sections[0].notes.insert(0, "the served checkpoint has random weights (k25exp's generated "
+                                 "tiny model): its figures time the architecture, not a trained "
+                                 "model's routing or acceptance")
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     md, page, head = render.write(out, c, sections, exp.ui_url, generated)
 
@@ -68,6 +80,16 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     summary["phases_missing"] = len(missing)
     summary["figures_missing"] = sum(f.value is None for f in figs)
     rec.log_metrics(summary)
+    for k, m in per_c.items():  # step = the profiled concurrency
+        rec.log_metrics({f"recon.{name}": v for name, v in m.items()}, step=k)
+    for k, m in per_level.items():  # step = the macro level
+        rec.log_metrics(m, step=k)
+    if per_level:
+        worst = max(abs(m["tpot_pred_err_pct"]) for m in per_level.values())
+        rec.log_metrics({"tpot_pred_err_pct_max": worst})
+        summary["tpot_pred_err_pct_max"] = worst
+    summary["runs_refused"] = len(refused)
+    rec.log_metrics({"runs_refused": len(refused)})
     sources = sorted({r.run_id for f in figs for r in f.runs})
     rec.set_tags({"report.campaign": campaign, "report.source_runs": " ".join(sources),
                   "report.missing_phases": " ".join(missing) or "none"})

@@ -59,10 +59,12 @@ def test_every_phase_runs_and_the_script_says_where_the_report_is(full):
     assert html.parent.name == "c-full" and html.exists() and md.exists()
     page = html.read_text()
     # self-contained: every plot inlined, nothing fetched from elsewhere
-    assert page.count('src="data:image/png;base64,') == 3 and "src=\"http" not in page
+    # budget, TPOT predicted vs measured, EP, speculative decoding
+    assert page.count('src="data:image/png;base64,') == 4 and "src=\"http" not in page
     assert {r.data.tags.get("campaign") for r in runs} == {"c-full"}
     # the headline table is printed
-    assert "TPOT at batch 1 (macro)" in p.stdout and "communication share (profile)" in p.stdout
+    assert "TPOT at batch 1 (macro)" in p.stdout and "communication share (profile transport" in p.stdout
+    assert "NOTE: the served checkpoint has random weights" in p.stdout
 
 
 def test_report_figures_match_the_runs_they_name(full):
@@ -71,7 +73,8 @@ def test_report_figures_match_the_runs_they_name(full):
     m, tags = report.data.metrics, report.data.tags
     sources = set(tags["report.source_runs"].split())
     macro, burst = latest(runs, "macro"), latest(runs, "nccl_burst", **{"experiment.tokens": "1"})
-    gemm, profile = latest(runs, "gemm"), latest(runs, "profile")
+    gemm, profile = latest(runs, "gemm"), latest(runs, "profile", **{"experiment.concurrency": "1"})
+    profile4 = latest(runs, "profile", **{"experiment.concurrency": "4"})
     assert {macro.info.run_id, burst.info.run_id, gemm.info.run_id, profile.info.run_id} <= sources
     assert m["tpot_ms"] == pytest.approx(macro.data.metrics["single_stream_tpot_ms"])
     assert m["comm_ms"] == pytest.approx(burst.data.metrics["burst_ms"])
@@ -85,7 +88,33 @@ def test_report_figures_match_the_runs_they_name(full):
     assert m["rest_ms"] == pytest.approx(m["tpot_ms"] - m["comm_ms"] - m["gemm_ms"])
     assert m["comm_share_burst"] == pytest.approx(m["comm_ms"] / m["tpot_ms"])
     assert m["comm_share_profile"] == pytest.approx(profile.data.metrics["share_communication"] / 100)  # logged in %
-    assert m["comm_share_diff_pp"] == pytest.approx((m["comm_share_burst"] - m["comm_share_profile"]) * 100)
+    pm = profile.data.metrics
+    assert m["comm_share_profile_transport"] == pytest.approx(pm["comm_transport_ms_per_step"] / m["tpot_ms"])
+    assert m["comm_share_profile_wait"] == pytest.approx(pm["comm_wait_ms_per_step"] / m["tpot_ms"])
+    assert m["comm_share_diff_pp"] == pytest.approx(
+        (m["comm_share_burst"] - m["comm_share_profile_transport"]) * 100)
+    assert m["runs_refused"] == 0
+
+    def hist(run_id, key):
+        return {h.step: h.value for h in client.get_metric_history(run_id, key)}
+
+    # the reconciliation at each profiled concurrency cites its profile run
+    for k, pr in ((1, profile), (4, profile4)):
+        step = pr.data.metrics["decode_step_ms"]
+        assert hist(report.info.run_id, "recon.profiled_step_ms")[k] == pytest.approx(step)
+        assert hist(report.info.run_id, "recon.comm_transport_ms")[k] == pytest.approx(
+            pr.data.metrics["comm_transport_ms_per_step"])
+        assert hist(report.info.run_id, "recon.attention_profile_ms")[k] == pytest.approx(
+            pr.data.metrics["share_attention"] / 100 * step)
+        assert hist(report.info.run_id, "recon.tpot_ms")[k] == pytest.approx(
+            hist(macro.info.run_id, "tpot_ms_p50")[k])
+    # TPOT predicted at every macro level; the error against the macro run's own TPOT
+    pred, err = hist(report.info.run_id, "tpot_pred_ms"), hist(report.info.run_id, "tpot_pred_err_pct")
+    tpot = hist(macro.info.run_id, "tpot_ms_p50")
+    assert sorted(pred) == sorted(tpot) == [1, 2, 4]
+    for k in pred:
+        assert err[k] == pytest.approx((pred[k] - tpot[k]) / tpot[k] * 100)
+    assert m["tpot_pred_err_pct_max"] == pytest.approx(max(abs(v) for v in err.values()))
     spec = [r for r in runs if r.data.tags.get("k25exp.experiment") == "spec_decode"]
     assert len(spec) == 2
     for r in spec:

@@ -1,0 +1,91 @@
+"""Which of a campaign's runs may meet in one sum.
+
+Figures from runs of another model, hardware, TP degree, dtype, communicator or code commit
+answer another question; summing them with the rest makes a number nobody measured. So the
+report keeps only the runs that agree with the campaign on every field below and refuses the
+others by name, with the field that differs. The campaign's value of a field is the one most
+of its runs carry (ties: the newest run's), so one stray run cannot take the campaign over.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from k25exp.report.sources import Campaign, RunView
+
+COLLECTIVE_PHASES = ("nccl_burst", "allreduce_sweep")  # all_to_all times c10d by design
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    get: Callable[[RunView], Optional[str]]
+    phases: tuple[str, ...] = ()  # () = every phase that has it
+
+
+def _param(key: str) -> Callable[[RunView], Optional[str]]:
+    return lambda r: r.params.get(key)
+
+
+FIELDS = (
+    Field("model.name", _param("model.name")),
+    Field("model.hidden_size", _param("model.hidden_size")),
+    Field("model.num_hidden_layers", _param("model.num_hidden_layers")),
+    Field("model.dtype", _param("model.dtype")),
+    Field("hardware.name", _param("hardware.name")),
+    Field("hardware.tp", _param("hardware.tp")),
+    Field("experiment.communicator", _param("experiment.communicator"), COLLECTIVE_PHASES),
+    Field("experiment.graph (GEMM timing mode)", _param("experiment.graph"), ("gemm",)),
+    Field("git_commit", lambda r: r.tags.get("git_commit")),
+)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    run: RunView
+    field: str
+    value: Optional[str]
+    expected: Optional[str]
+
+    def __str__(self) -> str:
+        return (f"run {self.run.short} ({self.run.phase}) refused: {self.field}={self.value}, "
+                f"the campaign's is {self.expected}")
+
+
+def campaign_values(c: Campaign) -> dict[str, str]:
+    """The value most of the campaign's finished runs carry, per field."""
+    out = {}
+    runs = sorted((r for r in c.runs if r.status == "FINISHED"), key=lambda r: -r.start_time)
+    for f in FIELDS:
+        vals = [v for r in runs if (not f.phases or r.phase in f.phases) and (v := f.get(r))]
+        if vals:
+            counts = Counter(vals)
+            top = max(counts.values())
+            out[f.name] = next(v for v in vals if counts[v] == top)  # ties: the newest run's
+    return out
+
+
+def check(c: Campaign) -> tuple[Campaign, list[Refusal]]:
+    """The campaign without the runs that disagree with it, and why each was refused."""
+    expected = campaign_values(c)
+    refused: list[Refusal] = []
+    kept = []
+    for r in c.runs:
+        bad = next(((f, v) for f in FIELDS if (not f.phases or r.phase in f.phases)
+                    and f.name in expected and (v := f.get(r)) is not None and v != expected[f.name]),
+                   None)
+        if bad and r.status == "FINISHED":
+            refused.append(Refusal(r, bad[0].name, bad[1], expected[bad[0].name]))
+        else:
+            kept.append(r)
+    return Campaign(c.id, c.uri, kept), refused
+
+
+def random_weights(c: Campaign) -> bool:
+    """The served checkpoint is k25exp's generated random-weight model (its figures time the
+    architecture, not a trained model's routing or acceptance)."""
+    served = [r for r in c.runs if r.phase in ("macro", "profile", "spec_decode")]
+    return any(r.params.get("model.name") == "tiny_kimi" or
+               "/models/tiny_kimi-" in r.tags.get("server.model_path", "") for r in served)

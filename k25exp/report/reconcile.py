@@ -1,0 +1,243 @@
+"""The decode step in milliseconds: micro-benchmarks against the profile, category by category,
+at every profiled concurrency; then TPOT predicted at every macro level from the same parts.
+
+Per profiled concurrency c (one profile run each; the profile phase sweeps c on one server):
+    micro ms      comm_allreduce / comm_allgather: nccl_burst's allreduce_ms_per_step /
+                  allgather_ms_per_step (the step's ops of that kind as one queued burst,
+                  through the run's communicator) at tokens = c; moe: MoE layers × vLLM's
+                  fused MoE call at c tokens (gemm's moe.tp<N>/vllm_fused_moe, never the
+                  plain-torch reference); gemm: Σ of the step's other GEMMs at M = c ×
+                  their count per step (torch F.linear: vLLM's CPU build packs its own)
+                  Between measured tokens / batches: log-log interpolation; never outside.
+    profile ms    share_<category> / 100 × decode_step_ms (exposed time, mean over ranks);
+                  communication also as the calls' transport and wait per step
+    TPOT          macro's tpot_ms_p50 at concurrency c; slowdown = profiled step / TPOT
+TPOT(c) predicted = micro ms of the collectives (burst_ms at tokens = c), the step's GEMMs
+and MoE layers at c, + the categories no micro-benchmark covers (attention, norm/activation,
+memory, other, idle/host) from the profiles: linear in c between profiled concurrencies,
+the nearest profile's value outside them (said so per level). Additivity is assumed: the
+parts run one after another. The profile's overlap_share says how far that is off, and the
+uncovered parts carry the profiler's own slowdown.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from k25exp.gemm.shapes import model_gemm_shapes
+from k25exp.report.budget import Figure, Section, Table, _auto_kernel, interp_loglog, model_of
+from k25exp.report.sources import Campaign, RunView
+
+MICRO_CATEGORIES = ("comm_allreduce", "comm_allgather", "gemm", "moe")
+UNCOVERED = ("attention", "norm_activation", "memory", "other", "idle")
+ROWS = ("comm_allreduce", "comm_allgather", "comm_all_to_all", "gemm", "moe") + UNCOVERED
+EXPERT_SHAPES = ("expert_gate_up", "expert_down")
+
+
+def profile_runs(c: Campaign) -> dict[int, RunView]:
+    """The latest finished profile run per profiled concurrency."""
+    out: dict[int, RunView] = {}
+    for r in c.of("profile"):  # newest first
+        k = r.param("experiment.concurrency", int)
+        if k is not None and k not in out and "decode_step_ms" in r.metrics:
+            out[k] = r
+    return out
+
+
+def profile_ms(p: RunView, category: str) -> Optional[float]:
+    step = p.metrics.get("decode_step_ms")
+    if category == "gemm":
+        parts = [p.metrics.get(f"share_{k}") for k in ("gemm_dense", "gemm_quantized")]
+        share = sum(x for x in parts if x is not None) if any(x is not None for x in parts) else None
+    else:
+        share = p.metrics.get(f"share_{category}")
+    return share / 100 * step if share is not None and step else None
+
+
+class Micro:
+    """The micro-benchmark estimate of each covered category at a concurrency (ms/step)."""
+
+    def __init__(self, c: Campaign):
+        bursts = [r for r in c.of("nccl_burst") if r.param("experiment.ops_per_step") is None]
+        self.burst_runs: dict[int, RunView] = {}
+        for r in bursts:
+            self.burst_runs.setdefault(r.param("experiment.tokens", int), r)
+        self.gemm = c.of("gemm")
+        self.why: dict[str, str] = {}
+        if not bursts:
+            self.why["comm"] = ("no nccl_burst run of the step's collectives (ops_per_step null) "
+                                f"in campaign {c.id}")
+        if not self.gemm:
+            self.why["gemm"] = self.why["moe"] = f"no gemm run in campaign {c.id}"
+
+    def _burst(self, key: str, c: int) -> Optional[float]:
+        pts = {t: r.metrics[key] for t, r in self.burst_runs.items() if key in r.metrics}
+        return interp_loglog(pts, c)
+
+    def runs_for(self, category: str) -> list[RunView]:
+        if category.startswith("comm"):
+            return list(self.burst_runs.values())
+        return self.gemm[:1]
+
+    def at(self, category: str, c: int) -> Optional[float]:
+        if category == "comm_allreduce":
+            return self._burst("allreduce_ms_per_step", c)
+        if category == "comm_allgather":
+            return self._burst("allgather_ms_per_step", c)
+        if category == "comm":
+            return self._burst("burst_ms", c)
+        if not self.gemm:
+            return None
+        g = self.gemm[0]
+        model = model_of(g)
+        tp = g.param("experiment.tp", int, 1)
+        if category == "moe":
+            hist = g.history(f"moe.tp{tp}/vllm_fused_moe/latency_us")
+            us = interp_loglog(hist, c)
+            if us is None:
+                self.why["moe"] = (f"gemm run {g.short} has no vllm_fused_moe time at {c} tokens "
+                                   f"(timed: {sorted(hist) or 'none'})")
+                return None
+            return us * (model.num_hidden_layers - model.first_k_dense_replace) / 1e3
+        if category == "gemm":
+            total = 0.0
+            for s in model_gemm_shapes(model, tp, True):
+                if s.name in EXPERT_SHAPES:
+                    continue
+                label = f"{s.name}.tp{tp}"
+                k = _auto_kernel(g, label)
+                us = interp_loglog(g.history(f"{label}/{k}/latency_us"), c) if k else None
+                if us is None:
+                    self.why["gemm"] = f"gemm run {g.short} has no {label} time at M = {c}"
+                    return None
+                total += us * s.count_per_layer * s.layers
+            return total / 1e3
+        return None
+
+
+def _lerp(points: dict[int, float], c: int) -> tuple[Optional[float], str]:
+    xs = sorted(points)
+    if not xs:
+        return None, ""
+    if c <= xs[0]:
+        return points[xs[0]], "" if c == xs[0] else f"held at c={xs[0]}"
+    if c >= xs[-1]:
+        return points[xs[-1]], "" if c == xs[-1] else f"held at c={xs[-1]}"
+    hi = next(x for x in xs if x >= c)
+    if hi == c:
+        return points[c], ""
+    lo = max(x for x in xs if x < c)
+    f = (c - lo) / (hi - lo)
+    return points[lo] + f * (points[hi] - points[lo]), ""
+
+
+def reconcile(c: Campaign) -> tuple[Section, dict[int, dict[str, float]]]:
+    """The reconciliation section and, per profiled concurrency, its metrics."""
+    sec = Section("The decode step in milliseconds: micro-benchmarks vs the profile")
+    profiles = profile_runs(c)
+    macro = c.latest("macro")
+    micro = Micro(c)
+    per_c: dict[int, dict[str, float]] = {}
+    if not profiles:
+        sec.figures.append(Figure("reconciled step", None, "ms", missing=c.why_missing("profile")))
+        return sec, per_c
+    tpots = macro.history("tpot_ms_p50") if macro else {}
+    for k in sorted(profiles):
+        p = profiles[k]
+        rows, m = [], {}
+        for cat in ROWS:
+            mi = micro.at(cat, k) if cat in MICRO_CATEGORIES else None
+            pr = profile_ms(p, cat)
+            rows.append([cat, mi, pr, (mi - pr) if mi is not None and pr is not None else None,
+                         "no micro-benchmark" if cat not in MICRO_CATEGORIES else
+                         (micro.why.get(cat.split("_")[0], "") if mi is None else "")])
+            if mi is not None:
+                m[f"{cat}_micro_ms"] = mi
+            if pr is not None:
+                m[f"{cat}_profile_ms"] = pr
+        comm = {x: p.metrics.get(f"comm_{x}_ms_per_step") for x in ("transport", "wait", "raw")}
+        burst = micro.at("comm", k)
+        rows.append(["communication (step burst)", burst, comm["transport"],
+                     (burst - comm["transport"]) if None not in (burst, comm["transport"]) else None,
+                     f"profile: transport {_f(comm['transport'])} + wait {_f(comm['wait'])} = "
+                     f"raw {_f(comm['raw'])} ms (calls' own durations, mean over ranks)"])
+        step = p.metrics.get("decode_step_ms")
+        tpot = tpots.get(k)
+        for name, v in (("comm_burst_ms", burst), ("comm_transport_ms", comm["transport"]),
+                        ("comm_wait_ms", comm["wait"]), ("profiled_step_ms", step), ("tpot_ms", tpot)):
+            if v is not None:
+                m[name] = v
+        if step and tpot:
+            m["profiler_slowdown"] = step / tpot
+        per_c[k] = m
+        sec.tables.append(Table(
+            f"concurrency {k}: ms per decode step (profile run {p.short})",
+            ["category", "micro ms", "profile ms", "micro − profile", "note"], rows,
+            f"macro TPOT at c={k}: {_f(tpot)} ms (run {macro.short if macro else '-'}); profiled "
+            f"step {_f(step)} ms; profiler slowdown (profiled step / TPOT) "
+            f"{_f(m.get('profiler_slowdown'), 2)}×; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
+            " of the step counted twice by raw category times"))
+    return sec, per_c
+
+
+def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, dict[int, dict[str, float]]]:
+    """TPOT predicted at every macro level; metrics per level (step = concurrency)."""
+    sec = Section("TPOT predicted at every concurrency from the parts")
+    macro = c.latest("macro")
+    micro = Micro(c)
+    out: dict[int, dict[str, float]] = {}
+    if not macro or not per_c:
+        sec.figures.append(Figure("TPOT prediction", None, "ms",
+                                  missing="needs a macro run and a profile" if macro else c.why_missing("macro")))
+        return sec, out
+    uncovered = {cat: {k: m[f"{cat}_profile_ms"] for k, m in per_c.items() if f"{cat}_profile_ms" in m}
+                 for cat in UNCOVERED}
+    rows = []
+    for level, tpot in sorted(macro.history("tpot_ms_p50").items()):
+        parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
+                 "moe": micro.at("moe", level)}
+        notes = [f"{k}: {micro.why.get(k, 'outside the measured range')}" for k, v in parts.items() if v is None]
+        rest, held = 0.0, set()
+        for cat, pts in uncovered.items():
+            v, how = _lerp(pts, level)
+            rest += v or 0.0
+            if how:
+                held.add(how)
+        if held:
+            notes.append("uncovered parts " + ", ".join(sorted(held)))
+        pred = None if any(v is None for v in parts.values()) else sum(parts.values()) + rest
+        row = [level, tpot, pred, parts["comm"], parts["gemm"], parts["moe"], rest]
+        if pred is not None:
+            err = (pred - tpot) / tpot * 100
+            out[level] = {"tpot_pred_ms": pred, "tpot_pred_err_pct": err}
+            row.append(err)
+        else:
+            row.append(None)
+        rows.append(row + ["; ".join(notes)])
+    sec.tables.append(Table("Predicted vs measured TPOT (ms)",
+                            ["concurrency", "TPOT (p50)", "predicted", "collectives", "GEMMs",
+                             "MoE", "uncovered (profile)", "error %", "note"], rows,
+                            "predicted = collectives burst + GEMMs + MoE layers (micro) + attention, "
+                            "norm/activation, memory, other and idle from the profiles; parts "
+                            "assumed additive"))
+    if out:
+        worst = max(out, key=lambda k: abs(out[k]["tpot_pred_err_pct"]))
+        sec.figures.append(Figure("TPOT prediction error, worst level", out[worst]["tpot_pred_err_pct"],
+                                  "%", [macro] + micro.runs_for("comm")[:1] + micro.runs_for("gemm"),
+                                  f"at concurrency {worst}: predicted "
+                                  f"{out[worst]['tpot_pred_ms']:.3f} ms vs measured "
+                                  f"{macro.history('tpot_ms_p50')[worst]:.3f} ms"))
+        sec.plot = {"kind": "sweep", "x": sorted(out), "series": {
+            "measured TPOT p50": [macro.history("tpot_ms_p50")[k] for k in sorted(out)],
+            "predicted": [out[k]["tpot_pred_ms"] for k in sorted(out)]},
+            "xlabel": "concurrency", "ylabel": "ms", "title": "TPOT: predicted vs measured",
+            "file": "tpot_predicted_vs_measured.png"}
+    else:
+        sec.figures.append(Figure("TPOT prediction error, worst level", None, "%",
+                                  missing="no level had every part: " + "; ".join(
+                                      sorted({r[-1] for r in rows if r[-1]}))[:400]))
+    return sec, out
+
+
+def _f(v: Optional[float], nd: int = 3) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"

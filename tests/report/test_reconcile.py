@@ -1,0 +1,108 @@
+"""Provenance, the reconciliation in ms and the TPOT prediction, on hand-built runs whose every
+figure is written out here and the expected results computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.report import provenance, reconcile
+from k25exp.report.sources import Campaign, RunView
+
+TINY = {"model.name": "tiny_kimi", "model.hidden_size": "512", "model.num_hidden_layers": "3",
+        "model.first_k_dense_replace": "1", "model.n_routed_experts": "16",
+        "model.num_experts_per_tok": "4", "model.n_shared_experts": "1",
+        "model.moe_intermediate_size": "128", "model.intermediate_size": "1024",
+        "model.num_attention_heads": "8", "model.q_lora_rank": "256", "model.kv_lora_rank": "512",
+        "model.qk_nope_head_dim": "64", "model.qk_rope_head_dim": "64", "model.v_head_dim": "64",
+        "model.vocab_size": "4096", "model.dtype": "bfloat16", "model.dtype_bytes": "2",
+        "model.quant.method": "none", "hardware.name": "cpu_local", "hardware.tp": "2"}
+# tiny_kimi's GEMMs per step besides the routed experts (vLLM's DeepseekV2 at TP 2): router,
+# shared gate_up + down in 2 MoE layers (6), dense gate_up + down in 1 layer (2), MLA's
+# fused_qkv_a, q_b, kv_b, o_proj in 3 layers (12), lm_head (1)
+DENSE_GEMMS = {"router": 2, "shared_gate_up": 2, "shared_down": 2, "dense_gate_up": 1,
+               "dense_down": 1, "fused_qkv_a_proj": 3, "q_b_proj": 3, "kv_b_proj": 3,
+               "o_proj": 3, "lm_head": 1}
+
+
+def run(phase, t, params=None, metrics=None, steps=None, tags=None):
+    return RunView(f"{phase}{t:04d}".ljust(32, "0"), "1", phase, "FINISHED", t,
+                   params={**TINY, **(params or {})}, metrics=metrics or {}, steps=steps or {},
+                   tags={"git_commit": "abc", **(tags or {})})
+
+
+def campaign():
+    bursts = [run("nccl_burst", t, {"experiment.tokens": str(tok), "experiment.ops_per_step": "null",
+                                    "experiment.communicator": "vllm"},
+                  {"burst_ms": b, "allreduce_ms_per_step": ar, "allgather_ms_per_step": ag})
+              for t, (tok, b, ar, ag) in enumerate([(1, 1.0, 0.8, 0.1), (8, 2.0, 1.6, 0.2)])]
+    gemm_steps = {f"{n}.tp2/torch_bf16/latency_us": {1: 10.0, 8: 20.0} for n in DENSE_GEMMS}
+    gemm_steps["moe.tp2/vllm_fused_moe/latency_us"] = {1: 50.0, 8: 100.0}
+    gemm = run("gemm", 10, {"experiment.tp": "2", "experiment.baseline": "torch_bf16",
+                            "experiment.graph": "False"}, steps=gemm_steps)
+    macro = run("macro", 11, steps={"tpot_ms_p50": {1: 10.0, 2: 11.0, 4: 12.0, 8: 16.0}})
+    profiles = [run("profile", 12 + i, {"experiment.concurrency": str(k)},
+                    {"decode_step_ms": step, "share_comm_allreduce": 20.0, "share_comm_allgather": 2.0,
+                     "share_gemm_dense": 10.0, "share_moe": 10.0, "share_attention": 30.0,
+                     "share_norm_activation": 5.0, "share_memory": 1.0, "share_other": 2.0,
+                     "share_idle": 20.0, "comm_transport_ms_per_step": 0.5,
+                     "comm_wait_ms_per_step": 1.7, "comm_raw_ms_per_step": 2.2})
+                for i, (k, step) in enumerate([(1, 12.0), (4, 16.0)])]
+    return Campaign("c1", "uri", bursts + [gemm, macro] + profiles)
+
+
+def test_a_run_of_another_model_is_refused_by_name():
+    c = campaign()
+    stray = run("nccl_burst", 99, {"model.name": "kimi_k25_int4", "experiment.tokens": "1"})
+    kept, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [stray]))
+    assert [str(r) for r in refused] == [
+        f"run {stray.short} (nccl_burst) refused: model.name=kimi_k25_int4, the campaign's is tiny_kimi"]
+    assert stray not in kept.runs and len(kept.runs) == len(c.runs)
+    other_code = run("gemm", 98, {"experiment.tp": "2"}, tags={"git_commit": "def"})
+    _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [other_code]))
+    assert refused[0].field == "git_commit" and refused[0].value == "def"
+    torch_burst = run("nccl_burst", 97, {"experiment.communicator": "torch", "experiment.tokens": "1"})
+    _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [torch_burst]))
+    assert refused[0].field == "experiment.communicator" and refused[0].expected == "vllm"
+    assert provenance.random_weights(c)
+
+
+def test_reconciliation_figures_equal_the_runs_they_cite():
+    sec, per_c = reconcile.reconcile(campaign())
+    one, four = per_c[1], per_c[4]
+    # profile ms = share % × step: 20 % of 12 ms
+    assert one["comm_allreduce_profile_ms"] == pytest.approx(2.4)
+    assert four["attention_profile_ms"] == pytest.approx(0.3 * 16.0)
+    assert one["gemm_profile_ms"] == pytest.approx(1.2)  # gemm_dense + gemm_quantized (absent)
+    # micro at c = 1: the burst run's figures as logged
+    assert one["comm_allreduce_micro_ms"] == 0.8 and one["comm_burst_ms"] == 1.0
+    # at c = 4, log-log between tokens 1 and 8: y1 · (y8/y1)^(log 4 / log 8) = y1 · 2^(2/3)
+    assert four["comm_allreduce_micro_ms"] == pytest.approx(0.8 * 2 ** (2 / 3))
+    # 21 GEMMs per step at 10 µs (M = 1); MoE: 2 MoE layers × 50 µs
+    assert one["gemm_micro_ms"] == pytest.approx(21 * 10.0 / 1e3)
+    assert one["moe_micro_ms"] == pytest.approx(2 * 50.0 / 1e3)
+    assert four["gemm_micro_ms"] == pytest.approx(21 * 10.0 * 2 ** (2 / 3) / 1e3)
+    assert one["comm_transport_ms"] == 0.5 and one["comm_wait_ms"] == 1.7
+    assert one["profiler_slowdown"] == pytest.approx(12.0 / 10.0)
+    assert four["profiler_slowdown"] == pytest.approx(16.0 / 12.0)
+    assert len(sec.tables) == 2 and sec.tables[0].title.startswith("concurrency 1")
+
+
+def test_tpot_is_predicted_at_every_macro_level():
+    c = campaign()
+    _, per_c = reconcile.reconcile(c)
+    sec, out = reconcile.predict(c, per_c)
+    # uncovered = attention 30 + norm 5 + memory 1 + other 2 + idle 20 = 58 % of the step
+    unc1, unc4 = 0.58 * 12.0, 0.58 * 16.0
+    pred1 = 1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1
+    assert out[1]["tpot_pred_ms"] == pytest.approx(pred1)
+    assert out[1]["tpot_pred_err_pct"] == pytest.approx((pred1 - 10.0) / 10.0 * 100)
+    f = 2 ** (1 / 3)  # c = 2 between tokens 1 and 8 (log-log); uncovered linear between c 1 and 4
+    pred2 = 1.0 * f + 21 * 10.0 * f / 1e3 + 2 * 50.0 * f / 1e3 + unc1 + (unc4 - unc1) / 3
+    assert out[2]["tpot_pred_ms"] == pytest.approx(pred2)
+    # c = 8: the micro points end at 8; the uncovered parts are held at c = 4, and said so
+    pred8 = 2.0 + 21 * 20.0 / 1e3 + 2 * 100.0 / 1e3 + unc4
+    assert out[8]["tpot_pred_ms"] == pytest.approx(pred8)
+    rows = {r[0]: r for r in sec.tables[0].rows}
+    assert "held at c=4" in rows[8][-1]
+    worst = max(out, key=lambda k: abs(out[k]["tpot_pred_err_pct"]))
+    assert sec.figures[0].value == pytest.approx(out[worst]["tpot_pred_err_pct"])
