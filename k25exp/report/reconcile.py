@@ -223,7 +223,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
     if out:
         worst = max(out, key=lambda k: abs(out[k]["tpot_pred_err_pct"]))
         sec.figures.append(Figure("TPOT prediction error, worst level", out[worst]["tpot_pred_err_pct"],
-                                  "%", [macro] + micro.runs_for("comm")[:1] + micro.runs_for("gemm"),
+                                  "pct", [macro] + micro.runs_for("comm")[:1] + micro.runs_for("gemm"),
                                   f"at concurrency {worst}: predicted "
                                   f"{out[worst]['tpot_pred_ms']:.3f} ms vs measured "
                                   f"{macro.history('tpot_ms_p50')[worst]:.3f} ms"))
@@ -233,7 +233,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
             "xlabel": "concurrency", "ylabel": "ms", "title": "TPOT: predicted vs measured",
             "file": "tpot_predicted_vs_measured.png"}
     else:
-        sec.figures.append(Figure("TPOT prediction error, worst level", None, "%",
+        sec.figures.append(Figure("TPOT prediction error, worst level", None, "pct",
                                   missing="no level had every part: " + "; ".join(
                                       sorted({r[-1] for r in rows if r[-1]}))[:400]))
     return sec, out

@@ -44,6 +44,8 @@ def fmt(v: Any, unit: str = "") -> str:
             return f"{v * 100:.1f} %"
         if unit == "pp":
             return f"{v:+.1f} pp"
+        if unit == "pct":  # already in percent (a signed error)
+            return f"{v:+.1f} %"
         if unit == "×":
             return f"{v:.3f}×"
         if v.is_integer() and unit in ("", "tokens/GPU"):
@@ -66,7 +68,7 @@ def headline_text(figs: Sequence[Figure]) -> str:
     w = max(len(f.label) for f in figs) if figs else 10
     lines = []
     for f in figs:
-        val = fmt(f.value, f.unit) + ("" if f.unit in ("%", "pp", "×", "") or f.value is None
+        val = fmt(f.value, f.unit) + ("" if f.unit in ("%", "pp", "pct", "×", "") or f.value is None
                                       else f" {f.unit}")
         src = ", ".join(r.short for r in f.runs)
         lines.append(f"{f.label:<{w}}  {val:>12}  {('runs ' + src) if src else ''}"
@@ -75,7 +77,7 @@ def headline_text(figs: Sequence[Figure]) -> str:
 
 
 def _value(f: Figure) -> str:
-    return fmt(f.value, f.unit) + ("" if f.unit in ("%", "pp", "×", "") or f.value is None
+    return fmt(f.value, f.unit) + ("" if f.unit in ("%", "pp", "pct", "×", "") or f.value is None
                                    else f" {f.unit}")
 
 
@@ -221,7 +223,7 @@ def _h_figs(figs: Sequence[Figure], ui_url: str) -> list[str]:
     out = ["<table><tr><th>figure</th><th>value</th><th>runs</th><th>note</th></tr>"]
     for f in figs:
         val = (_h(f.value, ui_url, f.unit) +
-               ("" if f.unit in ("%", "pp", "×", "") or f.value is None else f" {f.unit}"))
+               ("" if f.unit in ("%", "pp", "pct", "×", "") or f.value is None else f" {f.unit}"))
         note = f.missing if f.value is None else f.note
         out.append(f"<tr><td>{html.escape(f.label)}</td><td>{val}</td><td>{_h_runs(f.runs, ui_url)}"
                    f"</td><td class=note>{html.escape(note)}</td></tr>")
