@@ -28,7 +28,7 @@ declare -A SWEEP=(
   [all_to_all]=""
   [gemm]="experiment.shapes=[all]"   # the report sums every GEMM of a decode step
   [macro]=""
-  [profile]="experiment.concurrency=1,4"  # one server start: the running one is reused
+  [profile]="experiment.concurrency=1,8,32"  # spans the macro sweep; one server start (reused)
   # n-gram lookup (k=3; batch 1, concurrency 2, 4) and the model as its own draft (the
   # upper bound; batch 1) in one process, so both measure against one baseline server
   [spec_decode]="spec=ngram,self_draft"

@@ -379,7 +379,7 @@ class ProfileConfig(ExperimentBase):
     name: str = "profile"
     warmup: int = 2
     iters: int = 4
-    concurrency: int = 1  # the batch being profiled
+    concurrency: int = 1  # the batch being profiled (at least this many requests are sent)
     input_tokens: int = 32
     output_tokens: int = 32
     temperature: float = 0.0

@@ -13,8 +13,9 @@ Per profiled concurrency c (one profile run each; the profile phase sweeps c on 
                   communication also as the calls' transport and wait per step
     TPOT          macro's tpot_ms_p50 at concurrency c; slowdown = profiled step / TPOT
 TPOT(c) predicted = micro ms of the collectives (burst_ms at tokens = c), the step's GEMMs
-and MoE layers at c, + the categories no micro-benchmark covers (attention, norm/activation,
-memory, other, idle/host) from the profiles: linear in c between profiled concurrencies,
+and MoE layers at c, + what no micro-benchmark covers, from the profiles: attention,
+norm/activation, memory, other, idle/host, and the collectives' wait for the last rank (a
+micro-benchmark starts every op after a barrier, so it times transport only): linear in c between profiled concurrencies,
 the nearest profile's value outside them (said so per level). Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
 uncovered parts carry the profiler's own slowdown.
@@ -192,6 +193,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
         return sec, out
     uncovered = {cat: {k: m[f"{cat}_profile_ms"] for k, m in per_c.items() if f"{cat}_profile_ms" in m}
                  for cat in UNCOVERED}
+    uncovered["comm_wait"] = {k: m["comm_wait_ms"] for k, m in per_c.items() if "comm_wait_ms" in m}
     rows = []
     for level, tpot in sorted(macro.history("tpot_ms_p50").items()):
         parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
@@ -218,8 +220,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
                             ["concurrency", "TPOT (p50)", "predicted", "collectives", "GEMMs",
                              "MoE", "uncovered (profile)", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro) + attention, "
-                            "norm/activation, memory, other and idle from the profiles; parts "
-                            "assumed additive"))
+                            "norm/activation, memory, other, idle and the collectives' wait from "
+                            "the profiles; parts assumed additive"))
     if out:
         worst = max(out, key=lambda k: abs(out[k]["tpot_pred_err_pct"]))
         sec.figures.append(Figure("TPOT prediction error, worst level", out[worst]["tpot_pred_err_pct"],

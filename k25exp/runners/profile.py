@@ -116,7 +116,7 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path) -> tuple[float, 
             await _post(http, "/start_profile", 60.0)
             w0 = time.perf_counter()
             res = await run_level(client, prompt, phase="profiled", level=exp.concurrency,
-                                  n_requests=exp.iters, **common)
+                                  n_requests=max(exp.iters, exp.concurrency), **common)
             window_s = time.perf_counter() - w0
             s0 = time.perf_counter()
             await _post(http, "/stop_profile", exp.stop_timeout_s)

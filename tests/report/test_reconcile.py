@@ -91,8 +91,9 @@ def test_tpot_is_predicted_at_every_macro_level():
     c = campaign()
     _, per_c = reconcile.reconcile(c)
     sec, out = reconcile.predict(c, per_c)
-    # uncovered = attention 30 + norm 5 + memory 1 + other 2 + idle 20 = 58 % of the step
-    unc1, unc4 = 0.58 * 12.0, 0.58 * 16.0
+    # uncovered = attention 30 + norm 5 + memory 1 + other 2 + idle 20 = 58 % of the step,
+    # + the collectives' wait for the last rank (1.7 ms at both profiled concurrencies)
+    unc1, unc4 = 0.58 * 12.0 + 1.7, 0.58 * 16.0 + 1.7
     pred1 = 1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1
     assert out[1]["tpot_pred_ms"] == pytest.approx(pred1)
     assert out[1]["tpot_pred_err_pct"] == pytest.approx((pred1 - 10.0) / 10.0 * 100)
