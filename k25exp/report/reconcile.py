@@ -11,7 +11,10 @@ Per profiled concurrency c (one profile run each; the profile phase sweeps c on 
                   Between measured tokens / batches: log-log interpolation; never outside.
     profile ms    share_<category> / 100 × decode_step_ms (exposed time, mean over ranks);
                   communication also as the calls' transport and wait per step
-    TPOT          macro's tpot_ms_p50 at concurrency c; slowdown = profiled step / TPOT
+    TPOT          the engine's TPOT at concurrency c: macro's server_tpot_ms_mean (vLLM's own
+                  histogram; the client's TPOT on a busy host carries delivery stalls, which
+                  shrink or stretch it), else the client's tpot_ms_p50; slowdown = profiled
+                  step / TPOT
 TPOT(c) predicted = micro ms of the collectives (burst_ms at tokens = c), the step's GEMMs
 and MoE layers at c, + what no micro-benchmark covers, from the profiles: attention,
 norm/activation, memory, other, idle/host, and the collectives' wait for the last rank (a
@@ -116,6 +119,16 @@ class Micro:
         return None
 
 
+def engine_tpot(macro: Optional[RunView]) -> tuple[dict[int, float], str]:
+    """Per level: the server's mean TPOT where logged, else the client's p50; and which."""
+    if not macro:
+        return {}, ""
+    srv = macro.history("server_tpot_ms_mean")
+    if srv:
+        return dict(srv), "server mean (engine clock)"
+    return dict(macro.history("tpot_ms_p50")), "client p50"
+
+
 def _lerp(points: dict[int, float], c: int) -> tuple[Optional[float], str]:
     xs = sorted(points)
     if not xs:
@@ -142,7 +155,7 @@ def reconcile(c: Campaign) -> tuple[Section, dict[int, dict[str, float]]]:
     if not profiles:
         sec.figures.append(Figure("reconciled step", None, "ms", missing=c.why_missing("profile")))
         return sec, per_c
-    tpots = macro.history("tpot_ms_p50") if macro else {}
+    tpots, tpot_src = engine_tpot(macro)
     for k in sorted(profiles):
         p = profiles[k]
         rows, m = [], {}
@@ -174,7 +187,7 @@ def reconcile(c: Campaign) -> tuple[Section, dict[int, dict[str, float]]]:
         sec.tables.append(Table(
             f"concurrency {k}: ms per decode step (profile run {p.short})",
             ["category", "micro ms", "profile ms", "micro − profile", "note"], rows,
-            f"macro TPOT at c={k}: {_f(tpot)} ms (run {macro.short if macro else '-'}); profiled "
+            f"macro TPOT ({tpot_src}) at c={k}: {_f(tpot)} ms (run {macro.short if macro else '-'}); profiled "
             f"step {_f(step)} ms; profiler slowdown (profiled step / TPOT) "
             f"{_f(m.get('profiler_slowdown'), 2)}×; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
             " of the step counted twice by raw category times"))
@@ -195,7 +208,9 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
                  for cat in UNCOVERED}
     uncovered["comm_wait"] = {k: m["comm_wait_ms"] for k, m in per_c.items() if "comm_wait_ms" in m}
     rows = []
-    for level, tpot in sorted(macro.history("tpot_ms_p50").items()):
+    tpots, tpot_src = engine_tpot(macro)
+    client = macro.history("tpot_ms_p50")
+    for level, tpot in sorted(tpots.items()):
         parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
                  "moe": micro.at("moe", level)}
         notes = [f"{k}: {micro.why.get(k, 'outside the measured range')}" for k, v in parts.items() if v is None]
@@ -208,7 +223,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
         if held:
             notes.append("uncovered parts " + ", ".join(sorted(held)))
         pred = None if any(v is None for v in parts.values()) else sum(parts.values()) + rest
-        row = [level, tpot, pred, parts["comm"], parts["gemm"], parts["moe"], rest]
+        row = [level, tpot, client.get(level), pred, parts["comm"], parts["gemm"], parts["moe"], rest]
         if pred is not None:
             err = (pred - tpot) / tpot * 100
             out[level] = {"tpot_pred_ms": pred, "tpot_pred_err_pct": err}
@@ -217,8 +232,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
             row.append(None)
         rows.append(row + ["; ".join(notes)])
     sec.tables.append(Table("Predicted vs measured TPOT (ms)",
-                            ["concurrency", "TPOT (p50)", "predicted", "collectives", "GEMMs",
-                             "MoE", "uncovered (profile)", "error %", "note"], rows,
+                            ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
+                             "collectives", "GEMMs", "MoE", "uncovered (profile)", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro) + attention, "
                             "norm/activation, memory, other, idle and the collectives' wait from "
                             "the profiles; parts assumed additive"))
@@ -228,9 +243,10 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
                                   "pct", [macro] + micro.runs_for("comm")[:1] + micro.runs_for("gemm"),
                                   f"at concurrency {worst}: predicted "
                                   f"{out[worst]['tpot_pred_ms']:.3f} ms vs measured "
-                                  f"{macro.history('tpot_ms_p50')[worst]:.3f} ms"))
+                                  f"{tpots[worst]:.3f} ms ({tpot_src})"))
         sec.plot = {"kind": "sweep", "x": sorted(out), "series": {
-            "measured TPOT p50": [macro.history("tpot_ms_p50")[k] for k in sorted(out)],
+            f"measured TPOT ({tpot_src})": [tpots[k] for k in sorted(out)],
+            "client TPOT p50": [client.get(k) for k in sorted(out)],
             "predicted": [out[k]["tpot_pred_ms"] for k in sorted(out)]},
             "xlabel": "concurrency", "ylabel": "ms", "title": "TPOT: predicted vs measured",
             "file": "tpot_predicted_vs_measured.png"}

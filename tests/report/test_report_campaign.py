@@ -106,12 +106,12 @@ def test_report_figures_match_the_runs_they_name(full):
             pr.data.metrics["comm_transport_ms_per_step"])
         assert hist(report.info.run_id, "recon.attention_profile_ms")[k] == pytest.approx(
             pr.data.metrics["share_attention"] / 100 * step)
-        if k in hist(macro.info.run_id, "tpot_ms_p50"):  # debug=quick: macro levels 1, 2, 4
+        if k in hist(macro.info.run_id, "server_tpot_ms_mean"):  # debug=quick: levels 1, 2, 4
             assert hist(report.info.run_id, "recon.tpot_ms")[k] == pytest.approx(
-                hist(macro.info.run_id, "tpot_ms_p50")[k])
+                hist(macro.info.run_id, "server_tpot_ms_mean")[k])
     # TPOT predicted at every macro level; the error against the macro run's own TPOT
     pred, err = hist(report.info.run_id, "tpot_pred_ms"), hist(report.info.run_id, "tpot_pred_err_pct")
-    tpot = hist(macro.info.run_id, "tpot_ms_p50")
+    tpot = hist(macro.info.run_id, "server_tpot_ms_mean")  # the engine's TPOT
     assert sorted(pred) == sorted(tpot) == [1, 2, 4]
     for k in pred:
         assert err[k] == pytest.approx((pred[k] - tpot[k]) / tpot[k] * 100)
