@@ -17,8 +17,9 @@ Per profiled concurrency c (one profile run each; the profile phase sweeps c on 
                   step / TPOT
 TPOT(c) predicted = micro ms of the collectives (burst_ms at tokens = c), the step's GEMMs
 and MoE layers at c, + what no micro-benchmark covers, from the profiles: attention,
-norm/activation, memory, other, idle/host, and the collectives' wait for the last rank (a
-micro-benchmark starts every op after a barrier, so it times transport only): linear in c between profiled concurrencies,
+norm/activation, memory, other, idle/host, the collectives' wait for the last rank (a
+micro-benchmark starts every op after a barrier, so it times transport only) and the host
+time between two steps (the trace's median gap between consecutive decode steps): linear in c between profiled concurrencies,
 the nearest profile's value outside them (said so per level). Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
 uncovered parts carry the profiler's own slowdown.
@@ -177,7 +178,11 @@ def reconcile(c: Campaign) -> tuple[Section, dict[int, dict[str, float]]]:
                      f"raw {_f(comm['raw'])} ms (calls' own durations, mean over ranks)"])
         step = p.metrics.get("decode_step_ms")
         tpot = tpots.get(k)
-        for name, v in (("comm_burst_ms", burst), ("comm_transport_ms", comm["transport"]),
+        gap = p.metrics.get("between_steps_ms")
+        rows.append(["between steps (host)", None, gap, None,
+                     "median gap between consecutive decode steps: in no step's category"])
+        for name, v in (("between_steps_ms", gap), ("comm_burst_ms", burst),
+                        ("comm_transport_ms", comm["transport"]),
                         ("comm_wait_ms", comm["wait"]), ("profiled_step_ms", step), ("tpot_ms", tpot)):
             if v is not None:
                 m[name] = v
@@ -207,6 +212,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
     uncovered = {cat: {k: m[f"{cat}_profile_ms"] for k, m in per_c.items() if f"{cat}_profile_ms" in m}
                  for cat in UNCOVERED}
     uncovered["comm_wait"] = {k: m["comm_wait_ms"] for k, m in per_c.items() if "comm_wait_ms" in m}
+    uncovered["between_steps"] = {k: m["between_steps_ms"] for k, m in per_c.items()
+                                  if "between_steps_ms" in m}
     rows = []
     tpots, tpot_src = engine_tpot(macro)
     client = macro.history("tpot_ms_p50")
@@ -235,8 +242,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]) -> tuple[Section, d
                             ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
                              "collectives", "GEMMs", "MoE", "uncovered (profile)", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro) + attention, "
-                            "norm/activation, memory, other, idle and the collectives' wait from "
-                            "the profiles; parts assumed additive"))
+                            "norm/activation, memory, other, idle, the collectives' wait and the "
+                            "host time between steps from the profiles; parts assumed additive"))
     if out:
         worst = max(out, key=lambda k: abs(out[k]["tpot_pred_err_pct"]))
         sec.figures.append(Figure("TPOT prediction error, worst level", out[worst]["tpot_pred_err_pct"],

@@ -56,7 +56,7 @@ from k25exp.traces.reader import (
     read_trace,
 )
 from k25exp.traces.rules import Rules, load_rules
-from k25exp.traces.steps import Step, select_steps
+from k25exp.traces.steps import Step, between_steps_ns, select_steps
 
 IDLE = "idle"
 
@@ -163,6 +163,9 @@ class RankBreakdown:
             m[f"share_{g}"] = v
         m["allreduce_share"] = m.get("share_comm_allreduce", 0.0)
         m["overlap_share"] = self.overlap_share
+        gaps = between_steps_ns(self.steps)
+        if gaps:  # median host gap between consecutive steps: outside every step's 100 %
+            m["between_steps_ms"] = float(np.median(gaps)) / 1e6
         m.update(self.comm_split_metrics())
         return m
 

@@ -71,6 +71,19 @@ class Step:
         return self.end_ns - self.start_ns
 
 
+def between_steps_ns(steps: list[Step]) -> list[int]:
+    """The host time between two consecutive analysed steps (end of one → start of the next):
+    scheduling, output processing, sampling bookkeeping outside the step annotations, which no
+    category of a step holds. Only gaps shorter than the median step count: a longer one
+    hides a step that was not analysed (a prefill) or a pause between requests."""
+    if len(steps) < 2:
+        return []
+    durs = sorted(s.dur_ns for s in steps)
+    limit = durs[len(durs) // 2]
+    gaps = [b.start_ns - a.end_ns for a, b in zip(steps, steps[1:])]
+    return [g for g in gaps if 0 <= g < limit]
+
+
 @dataclass
 class StepSelection:
     steps: list[Step]

@@ -47,7 +47,8 @@ def campaign():
                      "share_gemm_dense": 10.0, "share_moe": 10.0, "share_attention": 30.0,
                      "share_norm_activation": 5.0, "share_memory": 1.0, "share_other": 2.0,
                      "share_idle": 20.0, "comm_transport_ms_per_step": 0.5,
-                     "comm_wait_ms_per_step": 1.7, "comm_raw_ms_per_step": 2.2})
+                     "comm_wait_ms_per_step": 1.7, "comm_raw_ms_per_step": 2.2,
+                     "between_steps_ms": 0.4})
                 for i, (k, step) in enumerate([(1, 12.0), (4, 16.0)])]
     return Campaign("c1", "uri", bursts + [gemm, macro] + profiles)
 
@@ -94,8 +95,8 @@ def test_tpot_is_predicted_at_every_macro_level():
     _, per_c = reconcile.reconcile(c)
     sec, out = reconcile.predict(c, per_c)
     # uncovered = attention 30 + norm 5 + memory 1 + other 2 + idle 20 = 58 % of the step,
-    # + the collectives' wait for the last rank (1.7 ms at both profiled concurrencies)
-    unc1, unc4 = 0.58 * 12.0 + 1.7, 0.58 * 16.0 + 1.7
+    # + the collectives' wait for the last rank (1.7 ms) + host time between steps (0.4 ms)
+    unc1, unc4 = 0.58 * 12.0 + 1.7 + 0.4, 0.58 * 16.0 + 1.7 + 0.4
     pred1 = 1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1
     assert out[1]["tpot_pred_ms"] == pytest.approx(pred1)
     assert out[1]["tpot_pred_err_pct"] == pytest.approx((pred1 - 10.0) / 10.0 * 100)

@@ -99,3 +99,14 @@ def test_only_prefill_steps_gives_the_whole_window(tmp_path):
     _, sel = _select(tmp_path, [ev("a", 0, 5), step(PREFILL, 0, 50, device=True)])
     assert sel.source == "window" and sel.annotated == 1 and sel.decode == 0
     assert "none is a pure decode step" in sel.warnings[0]
+
+
+def test_host_time_between_consecutive_steps():
+    from k25exp.traces.steps import Step, between_steps_ns
+
+    # steps of 100 ns with gaps 10, 20, a 500 (a prefill or a pause: longer than the median
+    # step, left out) and a negative one (overlap: left out)
+    steps = [Step("a", 0, 100), Step("b", 110, 210), Step("c", 230, 330), Step("d", 830, 930),
+             Step("e", 920, 1020)]
+    assert between_steps_ns(steps) == [10, 20]
+    assert between_steps_ns(steps[:1]) == []
