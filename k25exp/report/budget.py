@@ -138,6 +138,20 @@ def effective_alpha(mean_accepted: float, k: int) -> float:
     return (lo + hi) / 2
 
 
+def served_with_graphs(c: Campaign) -> bool:
+    """Whether the campaign's server ran CUDA graphs (server.enforce_eager false)."""
+    served = [r for r in c.runs if r.phase in ("macro", "profile")]
+    return any(r.params.get("server.enforce_eager") in ("False", "false") for r in served)
+
+
+def burst_key(c: Campaign, run: Optional[RunView]) -> str:
+    """The burst figure that matches the served config: the CUDA-graph replay when the server
+    ran graphs and the run has one, else the eager queued burst."""
+    if run is not None and "graph_burst_ms" in run.metrics and served_with_graphs(c):
+        return "graph_burst_ms"
+    return "burst_ms"
+
+
 def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
     return part / whole if part is not None and whole else None
 
@@ -223,7 +237,8 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
         sec.notes.append(f"macro run {macro.short}: the single-stream phase is flagged invalid "
                          f"({'; '.join(why)}), so its TPOT includes delay outside the engine; "
                          "rerun on a quieter host")
-    comm = burst.metrics.get("burst_ms") if burst else None
+    key = burst_key(c, burst)
+    comm = burst.metrics.get(key) if burst else None
     if burst and comm is None:
         sec.figures.append(_missing("communication per step (NCCL burst)",
                                     f"run {burst.short} has no burst_ms", "ms"))
@@ -235,7 +250,8 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                 "burst: no embedding all-reduce, no logits all-gather)")
         sec.figures.append(Figure(
             "communication per step (NCCL burst)", comm, "ms", [burst],
-            f"{what}, queued, communicator {burst.param('experiment.communicator', str, 'torch')}"
+            f"{what}, {'CUDA-graph replay (the server runs graphs)' if key == 'graph_burst_ms' else 'queued, eager'}, "
+            f"communicator {burst.param('experiment.communicator', str, 'torch')}"
             f" ({burst.tags.get('communicator.impl', burst.param('hardware.backend'))}) on "
             f"{burst.param('hardware.world_size')} ranks"))
     else:

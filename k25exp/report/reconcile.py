@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import Optional
 
 from k25exp.gemm.shapes import model_gemm_shapes
-from k25exp.report.budget import Figure, Section, Table, _auto_kernel, interp_loglog, model_of
+from k25exp.report.budget import (Figure, Section, Table, _auto_kernel, burst_key, interp_loglog,
+                                   model_of)
 from k25exp.report.sources import Campaign, RunView
 
 MICRO_CATEGORIES = ("comm_allreduce", "comm_allgather", "gemm", "moe")
@@ -68,6 +69,7 @@ class Micro:
         for r in bursts:
             self.burst_runs.setdefault(r.param("experiment.tokens", int), r)
         self.gemm = c.of("gemm")
+        self.burst_key = burst_key(c, bursts[0] if bursts else None)  # graph replay if served so
         self.why: dict[str, str] = {}
         if not bursts:
             self.why["comm"] = ("no nccl_burst run of the step's collectives (ops_per_step null) "
@@ -90,7 +92,7 @@ class Micro:
         if category == "comm_allgather":
             return self._burst("allgather_ms_per_step", c)
         if category == "comm":
-            return self._burst("burst_ms", c)
+            return self._burst(self.burst_key, c)
         if not self.gemm:
             return None
         g = self.gemm[0]

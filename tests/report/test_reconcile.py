@@ -110,3 +110,15 @@ def test_tpot_is_predicted_at_every_macro_level():
     assert "held at c=4" in rows[8][-1]
     worst = max(out, key=lambda k: abs(out[k]["tpot_pred_err_pct"]))
     assert sec.figures[0].value == pytest.approx(out[worst]["tpot_pred_err_pct"])
+
+
+def test_a_server_running_cuda_graphs_is_budgeted_with_the_graph_replay():
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "nccl_burst":
+            r.metrics["graph_burst_ms"] = r.metrics["burst_ms"] / 10
+    assert reconcile.Micro(c).at("comm", 1) == 1.0  # the CPU server runs eager
+    for r in c.runs:
+        if r.phase in ("macro", "profile"):
+            r.params["server.enforce_eager"] = "False"
+    assert reconcile.Micro(c).at("comm", 1) == pytest.approx(0.1)
