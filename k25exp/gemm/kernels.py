@@ -238,6 +238,37 @@ class _Marlin:
         return packed_bytes(n, k, self.group_size, scale_bytes=2)
 
 
+@dataclass(frozen=True)
+class _VllmLinear:
+    """vLLM's own dispatch of an unquantized linear layer (the path its server runs): on the
+    CPU build, `dispatch_cpu_unquantized_gemm` picks the sgl-kernel weight_packed_linear for
+    small weights or a oneDNN matmul handle, on the layer's weight as vLLM loads it."""
+
+    name: str = "vllm_linear"
+    quantized: bool = False
+
+    def prepare(self, w_bf16: Tensor, qw: QuantizedWeight | None = None) -> GemmFn:
+        if w_bf16.device.type != "cpu":
+            raise KernelUnavailable("on CUDA vLLM's unquantized linear is torch's F.linear "
+                                    "(cuBLAS): torch_bf16 times that path")
+        try:
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        except Exception as e:
+            raise KernelUnavailable(f"vLLM is not importable here ({type(e).__name__}: {e})") from None
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(w_bf16.to(torch.bfloat16).contiguous(), requires_grad=False)
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        return lambda x: layer.cpu_linear(x, layer.weight, None)
+
+    def weight_bytes(self, n: int, k: int) -> int:
+        return n * k * 2
+
+
+def vllm_linear() -> Kernel:
+    """vLLM's CPU dispatch of an unquantized linear (weight_packed_linear or oneDNN)."""
+    return _VllmLinear()
+
+
 def torch_bf16() -> Kernel:
     """BF16 baseline: ``F.linear`` (cuBLAS on CUDA, oneDNN/MKL on CPU)."""
     return _TorchBF16()

@@ -160,3 +160,17 @@ def test_marlin_cuda_matches_reference_or_is_unavailable():
     x = activations(16, 7168, device="cuda")
     ok, err = check_correct(fn(x), w4a16_reference().prepare(w, qw)(x))
     assert ok, err
+
+
+def test_vllms_own_cpu_linear_dispatch_matches_fp32():
+    pytest.importorskip("vllm")
+    from k25exp.gemm.kernels import check_correct, vllm_linear
+
+    # a router-sized weight (vLLM picks weight_packed_linear) and a projection (oneDNN)
+    for n, k in ((16, 512), (2048, 512)):
+        w = torch.randn(n, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+        fn = vllm_linear().prepare(w)
+        for m in (1, 7):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+            ok, err = check_correct(fn(x), x.float() @ w.float().T, 2e-2)
+            assert ok, (n, k, m, err)

@@ -12,7 +12,7 @@ from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
 
 SMALL = ["experiment=gemm", "experiment.shapes=[]", "+experiment.extra_shapes.small={n: 256, k: 512}",
-         "experiment.m_values=[1,8]", "experiment.moe_concurrency=[]", "experiment.iters=3",
+         "experiment.m_values=[1,8]", "experiment.moe_concurrency=[]", "experiment.moe_kernels=[]", "experiment.iters=3",
          "experiment.warmup=1"]
 
 
