@@ -151,7 +151,7 @@ class CollectiveExperiment(ExperimentBase):
     timeout_s: float = 600.0
     # Who performs the ops: vllm = vLLM's own TP communicator (the path its server runs),
     # torch = PyTorch's c10d. Default: vllm when vLLM is importable here, else torch.
-    communicator: str = "${k25.communicator:}"  # type: ignore[assignment]
+    communicator: str = "${k25.communicator:${hardware.nnodes}}"  # type: ignore[assignment]
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 

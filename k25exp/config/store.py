@@ -58,11 +58,12 @@ def slurm_master(port: int = 29500) -> str:
     return f"{first_host(nodes)}:{port}"
 
 
-def default_communicator() -> str:
-    """vllm when vLLM is importable (time the path its server runs), else torch."""
+def default_communicator(nnodes: int = 1) -> str:
+    """vllm when vLLM is importable (time the path its server runs) on one node, else torch
+    (across nodes the vllm communicator is not supported yet: validate.py says so)."""
     import importlib.util
 
-    return "vllm" if importlib.util.find_spec("vllm") is not None else "torch"
+    return "vllm" if int(nnodes) == 1 and importlib.util.find_spec("vllm") is not None else "torch"
 
 
 def register_resolvers() -> None:

@@ -132,3 +132,13 @@ def test_p2p_off_is_a_hardware_field_that_reaches_every_rank():
     with pytest.raises(ConfigError, match="set hardware.nccl_p2p=false instead"):
         to_typed(compose_cfg("experiment=nccl_burst", "hardware=h200_x8_nvlink",
                              "+hardware.env.NCCL_P2P_DISABLE=1"), gpu_count=lambda: 8)
+
+
+def test_vllm_communicator_is_one_node_only_and_the_default_follows():
+    two = ("experiment=nccl_burst", "hardware.nnodes=2", "hardware.nproc_per_node=1",
+           "hardware.rdzv_endpoint=127.0.0.1:29500")
+    assert typed(*two).experiment.communicator == "torch"  # the default across nodes
+    with pytest.raises(ConfigError, match=r"experiment.communicator=vllm with hardware.nnodes=2"):
+        typed(*two, "experiment.communicator=vllm")
+    with pytest.raises(ConfigError, match=r"experiment.communicator='nccl': expected torch or vllm"):
+        typed("experiment=nccl_burst", "experiment.communicator=nccl")
