@@ -106,6 +106,9 @@ class TrackingConfig:
     artifact_root: Optional[str] = None
     campaign: Optional[str] = None  # tag shared by all runs of one campaign
     run_name: Optional[str] = None
+    # Env names redacted wherever k25exp writes them (MLflow params, resolved config, server
+    # log header), besides any name containing TOKEN, KEY, SECRET or PASSWORD (k25exp.redact).
+    redact: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,67 @@
+"""Secrets never leave the process: env values whose names look secret are replaced by a
+marker wherever k25exp writes them (MLflow params, config.resolved.yaml, server log headers).
+
+A name is secret when it contains TOKEN, KEY, SECRET or PASSWORD (any case), or is listed in
+`tracking.redact`. Only values under an `env` mapping are checked by name; any other string
+equal to a redacted value is replaced too, so a secret interpolated elsewhere does not leak.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping
+
+MARK = "***redacted***"
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
+
+
+def is_secret(name: str, extra: Iterable[str] = ()) -> bool:
+    return bool(_SECRET.search(name)) or name in set(extra)
+
+
+def redact_env(env: Mapping[str, Any], extra: Iterable[str] = ()) -> dict[str, Any]:
+    """A copy of one environment mapping with secret-named values masked."""
+    extra = set(extra)
+    return {k: (MARK if is_secret(k, extra) and v not in (None, "") else v) for k, v in env.items()}
+
+
+def secret_values(cfg: Mapping[str, Any], extra: Iterable[str] = ()) -> set[str]:
+    """Every value under an `env` mapping anywhere in a resolved config whose name is secret."""
+    extra = set(extra)
+    found: set[str] = set()
+
+    def walk(node: Any, under_env: bool) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if under_env and is_secret(str(k), extra) and isinstance(v, (str, int)) and str(v):
+                    found.add(str(v))
+                walk(v, str(k) == "env")
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v, False)
+
+    walk(cfg, False)
+    return found
+
+
+def redact_config(cfg: Any, extra: Iterable[str] = ()) -> Any:
+    """A resolved config (plain dicts/lists) with every secret value masked wherever it appears."""
+    values = secret_values(cfg, extra) if isinstance(cfg, Mapping) else set()
+    return scrub(cfg, values)
+
+
+def scrub(node: Any, values: set[str]) -> Any:
+    """`node` with any string containing one of `values` masked (recursively)."""
+    if not values:
+        return node
+    if isinstance(node, Mapping):
+        return {k: scrub(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [scrub(v, values) for v in node]
+    if isinstance(node, tuple):
+        return tuple(scrub(v, values) for v in node)
+    if isinstance(node, str):
+        for s in values:
+            if s and s in node:
+                node = node.replace(s, MARK)
+    return node
