@@ -270,6 +270,9 @@ class ServerConfig:
     model_path: Optional[str] = None
     model_cache: str = MISSING
     host: str = "127.0.0.1"
+    # vLLM's dev endpoints (/reset_prefix_cache, /start_profile, ...) answer without the API
+    # key, so they are enabled only on a loopback bind, unless this is true (and an API key set).
+    allow_dev_endpoints_on_network: bool = False
     port: int = 8000  # 0 = any free port
     python: Optional[str] = None  # interpreter that runs vLLM; null = this one
     entrypoint: List[str] = field(default_factory=lambda: ["-m", "vllm.entrypoints.openai.api_server"])
