@@ -19,21 +19,19 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
-PHASES="${PHASES:-nccl_burst allreduce_sweep all_to_all gemm macro profile spec_decode report}"
 
-declare -A SWEEP=(
-  # phase            extra sweep arguments (Hydra multirun syntax)
-  [nccl_burst]="experiment.tokens=1,8,64"
-  [allreduce_sweep]=""
-  [all_to_all]=""
-  [gemm]="experiment.shapes=[all]"   # the report sums every GEMM of a decode step
-  [macro]=""
-  [profile]="experiment.concurrency=1,8,32"  # spans the macro sweep; one server start (reused)
-  # n-gram lookup (k=3; batch 1, concurrency 2, 4) and the model as its own draft (the
-  # upper bound; batch 1) in one process, so both measure against one baseline server
-  [spec_decode]="spec=ngram,self_draft"
-  [report]=""                         # a single job, not a multirun
-)
+# Phases and their sweeps come from the experiment schemas (campaign_order, campaign_sweep in
+# k25exp/config/schema.py): `python -m k25exp.config.campaign` lists them.
+declare -A SWEEP=()
+all_phases=()
+while IFS=$'\t' read -r name args; do
+  SWEEP[$name]="$args"; all_phases+=("$name")
+done < <("$PYTHON" -m k25exp.config.campaign)
+if (( ${#all_phases[@]} == 0 )); then
+  echo "multirun.sh: could not list the campaign's phases with $PYTHON -m k25exp.config.campaign" >&2
+  exit 2
+fi
+PHASES="${PHASES:-${all_phases[*]}}"
 
 # A campaign keeps one model across its phases. Unless one is given, it is the embedded
 # default's servable model (tiny_kimi), so the collective and GEMM phases measure the sizes

@@ -4,12 +4,17 @@ Hydra checks keys and types against these dataclasses at compose time, so a typo
 a string where an int belongs fails before anything runs. Value checks that need several
 fields at once (TP dividing the world size, dtypes a backend can reduce) live in
 ``k25exp.config.validate``.
+
+An experiment is registered in one place, its schema class (``@experiment``): the class
+names its runner (``_target_``, called as ``run(cfg, out_dir, recorder)``), the checks that
+validate it (``checks``, inherited ones run too) and its place in the campaign
+(``campaign_order`` and ``campaign_sweep``, read by multirun.sh and the report).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -130,8 +135,51 @@ class FaultConfig:
     corrupt_rank: Optional[int] = None
 
 
+# Experiment schemas by the name used in conf/experiment/*.yaml defaults lists; filled by
+# @experiment, so a new experiment is one YAML file, one schema class and one runner module.
+EXPERIMENT_SCHEMAS: dict[str, type] = {}
+
+
+def experiment(cls: type) -> type:
+    """Registers an experiment's schema class under its `name` default."""
+    name = cls.__dataclass_fields__["name"].default
+    assert name not in EXPERIMENT_SCHEMAS, f"experiment {name!r} registered twice"
+    assert cls.__dataclass_fields__["_target_"].default.endswith(".run"), cls
+    EXPERIMENT_SCHEMAS[name] = cls
+    return cls
+
+
 @dataclass
-class ExperimentBase:
+class Registered:
+    """What every experiment schema declares about itself (class variables: not config keys)."""
+
+    # The runner, `run(cfg, out_dir, recorder) -> summary` (a config key, so a user can
+    # point an experiment at their own runner, and the run's params say which one ran).
+    _target_: str = MISSING
+    # Dotted paths of `check(cfg, problems)` functions; a subclass's list adds to its parents'.
+    checks: ClassVar[tuple[str, ...]] = ()
+    # Position in ./multirun.sh's campaign (None: not a campaign phase) and its sweep
+    # arguments (Hydra multirun syntax, split on spaces).
+    campaign_order: ClassVar[Optional[int]] = None
+    campaign_sweep: ClassVar[str] = ""
+    # False for jobs that read other runs (report) rather than measure a phase.
+    measures: ClassVar[bool] = True
+
+    @classmethod
+    def all_checks(cls) -> list[str]:
+        seen: list[str] = []
+        for klass in reversed(cls.__mro__):
+            for c in getattr(klass, "checks", ()) if "checks" in vars(klass) else ():
+                if c not in seen:
+                    seen.append(c)
+        return seen
+
+
+_V = "k25exp.config.validate."
+
+
+@dataclass
+class ExperimentBase(Registered):
     """Fields every experiment has (the debug group sets them, whatever the experiment)."""
 
     name: str = MISSING
@@ -144,6 +192,8 @@ class ExperimentBase:
 @dataclass
 class CollectiveExperiment(ExperimentBase):
     """Fields every collective experiment shares."""
+
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_collective",)
 
     dtype: str = "${model.dtype}"
     check: bool = True
@@ -158,11 +208,17 @@ class CollectiveExperiment(ExperimentBase):
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 
+@experiment
 @dataclass
 class NcclBurstConfig(CollectiveExperiment):
     """Bursts of AllReduces of the decode message, as one decode step issues them."""
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_nccl_burst",)
+    campaign_order: ClassVar[Optional[int]] = 1
+    campaign_sweep: ClassVar[str] = "experiment.tokens=1,8,64"  # batches the report interpolates
+
     name: str = "nccl_burst"
+    _target_: str = "k25exp.runners.nccl_burst.run"
     tokens: int = 1  # tokens in the batch: the message is hidden × dtype bytes × tokens
     message_bytes: int = MISSING  # interpolated: the per-layer all-reduce
     # null: the decode step's collectives as vLLM runs them at TP = world size (embedding
@@ -175,22 +231,32 @@ class NcclBurstConfig(CollectiveExperiment):
     reference_tpot_ms: Optional[float] = None
 
 
+@experiment
 @dataclass
 class AllReduceSweepConfig(CollectiveExperiment):
     """nccl-tests style AllReduce sweep over message sizes."""
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_allreduce_sweep",)
+    campaign_order: ClassVar[Optional[int]] = 2
+
     name: str = "allreduce_sweep"
+    _target_: str = "k25exp.runners.allreduce_sweep.run"
     min_bytes: int = 8
     max_bytes: int = 256 * 1024 * 1024
     factor: int = 2
     repeats: int = 3  # timed bursts of `iters` queued ops per size
 
 
+@experiment
 @dataclass
 class AllToAllConfig(CollectiveExperiment):
     """Expert-parallel dispatch: All-to-All of top-k token activations."""
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_all_to_all",)
+    campaign_order: ClassVar[Optional[int]] = 3
+
     name: str = "all_to_all"
+    _target_: str = "k25exp.runners.all_to_all.run"
     tokens_per_gpu: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     top_k: int = "${model.num_experts_per_tok}"  # type: ignore[assignment]
     hidden_size: int = "${model.hidden_size}"  # type: ignore[assignment]
@@ -204,6 +270,7 @@ class AllToAllConfig(CollectiveExperiment):
     communicator: str = "torch"
 
 
+@experiment
 @dataclass
 class GemmConfig(ExperimentBase):
     """Weight GEMMs of a decode step at the model's shapes, per kernel candidate.
@@ -211,7 +278,12 @@ class GemmConfig(ExperimentBase):
     limit_points keeps the first N values of the M sweep.
     """
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_gemm",)
+    campaign_order: ClassVar[Optional[int]] = 4
+    campaign_sweep: ClassVar[str] = "experiment.shapes=[all]"  # the report sums every GEMM of a step
+
     name: str = "gemm"
+    _target_: str = "k25exp.runners.gemm.run"
     warmup: int = 3
     iters: int = 10
     # Names from the model's GEMMs (k25exp.gemm.shapes), or ["all"].
@@ -306,11 +378,16 @@ class MacroFaultConfig:
     after_requests: int = 1  # ...once this many requests of that level have finished
 
 
+@experiment
 @dataclass
-class MacroConfig:
+class MacroConfig(Registered):
     """Phase 1: single-stream TPOT and throughput vs concurrency over the HTTP API."""
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_macro",)
+    campaign_order: ClassVar[Optional[int]] = 5
+
     name: str = "macro"
+    _target_: str = "k25exp.runners.macro.run"
     input_tokens: int = 128  # exact prompt length, counted by the served tokenizer
     output_tokens: int = 128  # max_tokens with ignore_eos
     seed: int = "${seed}"  # type: ignore[assignment]
@@ -348,6 +425,7 @@ class MacroConfig:
     fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
 
 
+@experiment
 @dataclass
 class SpecDecodeConfig(MacroConfig):
     """Speculative decoding measured with the macro client, against its own baseline.
@@ -356,7 +434,14 @@ class SpecDecodeConfig(MacroConfig):
     is the same server without it (same settings otherwise), measured in the same job.
     """
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_spec_decode",)
+    campaign_order: ClassVar[Optional[int]] = 7
+    # n-gram lookup and the model as its own draft (the upper bound) in one process, so both
+    # measure against one baseline server
+    campaign_sweep: ClassVar[str] = "spec=ngram,self_draft"
+
     name: str = "spec_decode"
+    _target_: str = "k25exp.runners.spec_decode.run"
     concurrency: List[int] = field(default_factory=lambda: [1, 2, 4])
     # vLLM's speculative method: ngram (prompt lookup, no draft model), draft_model, suffix,
     # eagle, eagle3, mtp ... (vLLM checks the name).
@@ -374,6 +459,7 @@ class SpecDecodeConfig(MacroConfig):
     baseline: bool = True  # also measure the server without speculative decoding
 
 
+@experiment
 @dataclass
 class ProfileConfig(ExperimentBase):
     """Phase 3: a torch.profiler capture of the live server's decode, broken down by kernel.
@@ -382,7 +468,13 @@ class ProfileConfig(ExperimentBase):
     limit_points = analyse only the first N decode steps of each rank.
     """
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_profile",)
+    campaign_order: ClassVar[Optional[int]] = 6
+    # spans the macro sweep; one server start (reused across the levels)
+    campaign_sweep: ClassVar[str] = "experiment.concurrency=1,8,32"
+
     name: str = "profile"
+    _target_: str = "k25exp.runners.profile.run"
     warmup: int = 2
     iters: int = 4
     concurrency: int = 1  # the batch being profiled (at least this many requests are sent)
@@ -400,22 +492,32 @@ class ProfileConfig(ExperimentBase):
     top_kernels: int = 30
 
 
+@experiment
 @dataclass
 class TraceBreakdownConfig(ExperimentBase):
     """Breakdown of traces someone already has (one file per rank), logged as a run."""
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_trace_breakdown",)
+
     name: str = "trace_breakdown"
+    _target_: str = "k25exp.runners.trace_breakdown.run"
     paths: List[str] = field(default_factory=list)  # files, or folders searched for trace_glob
     trace_glob: str = "*.pt.trace.json*"
     rules: Optional[str] = None
     top_kernels: int = 30
 
 
+@experiment
 @dataclass
 class ReportConfig(ExperimentBase):
     """The campaign's synthesis, from the latest finished run of each phase in MLflow."""
 
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_report",)
+    campaign_order: ClassVar[Optional[int]] = 8
+    measures: ClassVar[bool] = False
+
     name: str = "report"
+    _target_: str = "k25exp.runners.report.run"
     # Runs tagged campaign=<this>; null = the most recent campaign in the store.
     campaign: Optional[str] = "${tracking.campaign}"  # type: ignore[assignment]
     # The store to read (null with tracking=none: then set this).
@@ -441,17 +543,3 @@ class K25Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     experiment: Any = None
     seed: int = 0
-
-
-# Experiment schemas by the name used in conf/experiment/*.yaml defaults lists.
-EXPERIMENT_SCHEMAS: dict[str, type] = {
-    "nccl_burst": NcclBurstConfig,
-    "allreduce_sweep": AllReduceSweepConfig,
-    "all_to_all": AllToAllConfig,
-    "gemm": GemmConfig,
-    "macro": MacroConfig,
-    "spec_decode": SpecDecodeConfig,
-    "profile": ProfileConfig,
-    "trace_breakdown": TraceBreakdownConfig,
-    "report": ReportConfig,
-}

@@ -12,12 +12,11 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
+from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from k25exp.config.schema import (
-    ReportConfig,
-    SpecDecodeConfig,
     EXPERIMENT_SCHEMAS,
     AllReduceSweepConfig,
     AllToAllConfig,
@@ -27,6 +26,8 @@ from k25exp.config.schema import (
     MacroConfig,
     NcclBurstConfig,
     ProfileConfig,
+    ReportConfig,
+    SpecDecodeConfig,
     TraceBreakdownConfig,
 )
 from k25exp.dtypes import BACKEND_DTYPES, dtype_bytes
@@ -92,7 +93,10 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
                      f"needs {hw.nproc_per_node} GPUs on this node, found {have}")
 
 
-def _check_collective(c: K25Config, p: list[str]) -> None:
+# The checks below are named by the experiment schemas (`checks`); each gets the typed config
+# and the list of problems to add to.
+
+def check_collective(c: K25Config, p: list[str]) -> None:
     exp: CollectiveExperiment = c.experiment
     hw = c.hardware
     _positive(exp, "experiment", ["iters", "timeout_s"], p)
@@ -128,39 +132,48 @@ def _check_collective(c: K25Config, p: list[str]) -> None:
         if k is not None and not 0 <= k < hw.world_size:
             p.append(f"experiment.fault.{key}={k}: expected a rank in [0, {hw.world_size})")
 
-    if isinstance(exp, NcclBurstConfig):
-        _positive(exp, "experiment", ["tokens", "message_bytes"], p)
-        if exp.ops_per_step is not None and exp.ops_per_step <= 0:
-            p.append(f"experiment.ops_per_step={exp.ops_per_step}: expected a positive number, "
-                     "or null for the decode step's collectives")
-        if exp.logits_op not in ("all_gather", "gather"):
-            p.append(f"experiment.logits_op={exp.logits_op!r}: expected all_gather or gather")
-        elif exp.logits_op == "gather" and exp.ops_per_step is None:
-            p.append("experiment.logits_op=gather: only all_gather is timed so far (every "
-                     "platform vLLM 0.32 builds for CPU or CUDA uses it)")
-        if exp.reference_tpot_ms is not None and exp.reference_tpot_ms <= 0:
-            p.append(f"experiment.reference_tpot_ms={exp.reference_tpot_ms}: expected > 0 or null")
-    elif isinstance(exp, AllReduceSweepConfig):
-        _positive(exp, "experiment", ["min_bytes", "max_bytes", "repeats"], p)
-        if exp.factor < 2:
-            p.append(f"experiment.factor={exp.factor}: expected an integer >= 2")
-        if exp.min_bytes > exp.max_bytes:
-            p.append(f"experiment.min_bytes={exp.min_bytes} > experiment.max_bytes={exp.max_bytes}")
-    elif isinstance(exp, AllToAllConfig):
-        _positive(exp, "experiment", ["top_k", "hidden_size", "repeats", "knee_factor",
-                                      "knee_baseline_points"], p)
-        if not exp.tokens_per_gpu:
-            p.append("experiment.tokens_per_gpu=[]: expected at least one value")
-        for t in exp.tokens_per_gpu:
-            if t <= 0:
-                p.append(f"experiment.tokens_per_gpu contains {t}: expected positive values")
-            elif hw.world_size > 0 and (t * exp.top_k * exp.hidden_size) % hw.world_size:
-                p.append(f"experiment.tokens_per_gpu={t}: the send buffer of {t} × top_k "
-                         f"{exp.top_k} × hidden {exp.hidden_size} elements does not split evenly "
-                         f"over world_size {hw.world_size}")
+
+def check_nccl_burst(c: K25Config, p: list[str]) -> None:
+    exp: NcclBurstConfig = c.experiment
+    _positive(exp, "experiment", ["tokens", "message_bytes"], p)
+    if exp.ops_per_step is not None and exp.ops_per_step <= 0:
+        p.append(f"experiment.ops_per_step={exp.ops_per_step}: expected a positive number, "
+                 "or null for the decode step's collectives")
+    if exp.logits_op not in ("all_gather", "gather"):
+        p.append(f"experiment.logits_op={exp.logits_op!r}: expected all_gather or gather")
+    elif exp.logits_op == "gather" and exp.ops_per_step is None:
+        p.append("experiment.logits_op=gather: only all_gather is timed so far (every "
+                 "platform vLLM 0.32 builds for CPU or CUDA uses it)")
+    if exp.reference_tpot_ms is not None and exp.reference_tpot_ms <= 0:
+        p.append(f"experiment.reference_tpot_ms={exp.reference_tpot_ms}: expected > 0 or null")
 
 
-def _check_gemm(c: K25Config, p: list[str]) -> None:
+def check_allreduce_sweep(c: K25Config, p: list[str]) -> None:
+    exp: AllReduceSweepConfig = c.experiment
+    _positive(exp, "experiment", ["min_bytes", "max_bytes", "repeats"], p)
+    if exp.factor < 2:
+        p.append(f"experiment.factor={exp.factor}: expected an integer >= 2")
+    if exp.min_bytes > exp.max_bytes:
+        p.append(f"experiment.min_bytes={exp.min_bytes} > experiment.max_bytes={exp.max_bytes}")
+
+
+def check_all_to_all(c: K25Config, p: list[str]) -> None:
+    exp: AllToAllConfig = c.experiment
+    hw = c.hardware
+    _positive(exp, "experiment", ["top_k", "hidden_size", "repeats", "knee_factor",
+                                  "knee_baseline_points"], p)
+    if not exp.tokens_per_gpu:
+        p.append("experiment.tokens_per_gpu=[]: expected at least one value")
+    for t in exp.tokens_per_gpu:
+        if t <= 0:
+            p.append(f"experiment.tokens_per_gpu contains {t}: expected positive values")
+        elif hw.world_size > 0 and (t * exp.top_k * exp.hidden_size) % hw.world_size:
+            p.append(f"experiment.tokens_per_gpu={t}: the send buffer of {t} × top_k "
+                     f"{exp.top_k} × hidden {exp.hidden_size} elements does not split evenly "
+                     f"over world_size {hw.world_size}")
+
+
+def check_gemm(c: K25Config, p: list[str]) -> None:
     from k25exp.gemm.shapes import model_gemm_shapes  # torch-free, cheap
 
     exp: GemmConfig = c.experiment
@@ -210,7 +223,7 @@ def _check_gemm(c: K25Config, p: list[str]) -> None:
         p.append(f"experiment.moe_batches={exp.moe_batches}: expected positive token counts")
 
 
-def _check_macro(c: K25Config, p: list[str]) -> None:
+def check_macro(c: K25Config, p: list[str]) -> None:
     """The serving benchmark and the server it talks to."""
     exp: MacroConfig = c.experiment
     srv = c.server
@@ -271,7 +284,7 @@ def _check_macro(c: K25Config, p: list[str]) -> None:
                  "tokenizer (folder or hub id) builds prompts of exact token lengths")
 
 
-def _check_spec_decode(c: K25Config, p: list[str]) -> None:
+def check_spec_decode(c: K25Config, p: list[str]) -> None:
     exp: SpecDecodeConfig = c.experiment
     if c.server.kind != "vllm":
         p.append(f"server.kind={c.server.kind!r}: experiment=spec_decode launches its own servers "
@@ -300,7 +313,7 @@ def _check_spec_decode(c: K25Config, p: list[str]) -> None:
                  "from experiment.* (and its baseline must run without it)")
 
 
-def _check_report(c: K25Config, p: list[str]) -> None:
+def check_report(c: K25Config, p: list[str]) -> None:
     exp: ReportConfig = c.experiment
     if not exp.tracking_uri:
         p.append("experiment.tracking_uri: no MLflow store to read the campaign from (tracking="
@@ -312,7 +325,7 @@ def _check_report(c: K25Config, p: list[str]) -> None:
         p.append(f"experiment.draft_lengths={exp.draft_lengths}: expected draft lengths >= 1")
 
 
-def _check_profile(c: K25Config, p: list[str]) -> None:
+def check_profile(c: K25Config, p: list[str]) -> None:
     exp: ProfileConfig = c.experiment
     _positive(exp, "experiment", ["iters", "concurrency", "input_tokens", "stop_timeout_s",
                                   "top_kernels"], p)
@@ -331,7 +344,7 @@ def _check_profile(c: K25Config, p: list[str]) -> None:
                  "server's --profiler-config writes traces, readable from here)")
 
 
-def _check_trace_breakdown(c: K25Config, p: list[str]) -> None:
+def check_trace_breakdown(c: K25Config, p: list[str]) -> None:
     exp: TraceBreakdownConfig = c.experiment
     if not exp.paths:
         p.append("experiment.paths=[]: expected trace files or folders, e.g. "
@@ -355,20 +368,8 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
     problems: list[str] = []
     _check_model(c, problems)
     _check_hardware(c, problems, gpu_count or local_gpu_count)
-    if isinstance(c.experiment, CollectiveExperiment):
-        _check_collective(c, problems)
-    elif isinstance(c.experiment, GemmConfig):
-        _check_gemm(c, problems)
-    if isinstance(c.experiment, MacroConfig):
-        _check_macro(c, problems)
-    if isinstance(c.experiment, SpecDecodeConfig):
-        _check_spec_decode(c, problems)
-    if isinstance(c.experiment, ProfileConfig):
-        _check_profile(c, problems)
-    if isinstance(c.experiment, ReportConfig):
-        _check_report(c, problems)
-    if isinstance(c.experiment, TraceBreakdownConfig):
-        _check_trace_breakdown(c, problems)
+    for path in type(c.experiment).all_checks():  # the schema names its checks
+        get_method(path)(c, problems)
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 

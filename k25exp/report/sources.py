@@ -14,7 +14,9 @@ from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
-PHASES = ("nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro", "profile", "spec_decode")
+from k25exp.config.campaign import phases
+
+PHASES = tuple(phases(measuring_only=True))  # as the experiment schemas declare them
 
 
 class ReportError(RuntimeError):

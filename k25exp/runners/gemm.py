@@ -25,7 +25,6 @@ from k25exp.gemm.kernels import KernelUnavailable, check_correct
 from k25exp.gemm.quant import dequantize, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
 from k25exp.gemm.timing import time_fn
-from k25exp.registry import instantiate
 from k25exp.tracking.recorder import Recorder
 
 
@@ -93,7 +92,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                  regime, f"{cfg.model.name}: top-{cfg.model.num_experts_per_tok} of "
                          f"{cfg.model.n_routed_experts} experts, uniform routing")
     names = [exp.baseline] + [k for k in exp.kernels if k != exp.baseline]
-    kernels = {n: instantiate(exp.registry[n], f"experiment.registry.{n}") for n in names}
+    kernels = {n: _kernel(exp.registry[n], f"experiment.registry.{n}") for n in names}
     rows: list[Row] = []
     failures: list[str] = []
     method_logged = False
@@ -258,3 +257,14 @@ def _plot(out: Path, label: str, shape: GemmShape, rows: list[Row]) -> None:
     plots.sweep(out / "plots" / f"speedup_{safe}.png", ms,
                 {k: [v[m].speedup_vs_bf16 if m in v else None for m in ms] for k, v in by_kernel.items()},
                 "M (tokens)", "speedup vs bf16 (×)", title)
+
+
+def _kernel(spec: dict, key: str):
+    """A kernel candidate from its registry entry (`_target_` + arguments), via Hydra."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(spec)
+    except InstantiationException as e:
+        raise ValueError(f"{key}: cannot build kernel from {dict(spec)}: {e}") from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from k25exp.stats import median
 from k25exp.traces.reader import Annotation, Trace
 
 _FORMATS = (
@@ -78,8 +79,7 @@ def between_steps_ns(steps: list[Step]) -> list[int]:
     hides a step that was not analysed (a prefill) or a pause between requests."""
     if len(steps) < 2:
         return []
-    durs = sorted(s.dur_ns for s in steps)
-    limit = durs[len(durs) // 2]
+    limit = median([s.dur_ns for s in steps])
     gaps = [b.start_ns - a.end_ns for a, b in zip(steps, steps[1:])]
     return [g for g in gaps if 0 <= g < limit]
 
