@@ -19,7 +19,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from k25exp.config.validate import ConfigError, to_typed
-from k25exp.envinfo import host_tags
+from k25exp.envinfo import device_check, host_tags
+from k25exp.redact import redact_config, redact_overrides, scrub, secret_values
 from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
 from k25exp.tracking.recorder import MemoryRecorder
@@ -50,8 +51,14 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     out = Path(hc.runtime.output_dir)
-    overrides = list(hc.overrides.task)
     t_start = time.perf_counter()
+    # Secret-named env values (HF_TOKEN ...) are masked in everything this job writes: the
+    # params, the resolved config, tags, the run name and Hydra's own copies of the config.
+    resolved = _resolved(cfg)
+    secrets = secret_values(resolved, cfg.get("tracking", {}).get("redact") or ())
+    overrides = [scrub(o, secrets) for o in redact_overrides(
+        hc.overrides.task, cfg.get("tracking", {}).get("redact") or ())]
+    _scrub_hydra_files(out, secrets)
 
     try:
         typed = to_typed(cfg)
@@ -69,6 +76,11 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
             "hardware": typed.hardware.name, "model": typed.model.name}
     if typed.tracking.campaign:
         tags["campaign"] = typed.tracking.campaign
+    dev_tags, dev_warning = device_check(typed.hardware.device, typed.hardware.device_name)
+    tags.update(dev_tags)
+    if dev_warning:
+        log.warning("%s", dev_warning)
+        tags["device_warning"] = dev_warning[:4000]
     if typed.hardware.node_rank != 0:
         # Several nodes run this same job; node 0 gathers every rank's samples and logs the
         # run once. This node only hosts its ranks.
@@ -78,7 +90,7 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     else:
         run = _open_run(cfg, out, _run_name(cfg, overrides), tags, multirun)
     rec = run if run is not None else MemoryRecorder()
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = redact_config(resolved, typed.tracking.redact)
     (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(resolved))
     if run is not None:
         from k25exp.tracking.params import flatten
@@ -96,10 +108,10 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     except Exception as e:
         status = "FAILED"
         failed_jobs += 1
-        error = str(e)
-        log.error("job failed: %s", e)
-        rec.set_tags({"error": str(e), "error_type": type(e).__name__})
-        (out / "error.txt").write_text(traceback.format_exc())
+        error = scrub(str(e), secrets)
+        log.error("job failed: %s", error)
+        rec.set_tags({"error": error, "error_type": type(e).__name__})
+        (out / "error.txt").write_text(scrub(traceback.format_exc(), secrets))
     finally:
         measure_s = time.perf_counter() - t_measure
         rec.log_metrics({"measure_s": measure_s, "job_s": time.perf_counter() - t_start})
@@ -112,6 +124,25 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
         print(f"k25exp: {typed.experiment.name} failed: {error}", file=sys.stderr)
         raise SystemExit(1)
     return summary
+
+
+def _resolved(cfg: DictConfig) -> dict:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # a bad interpolation: to_typed reports it by key
+        return {}
+
+
+def _scrub_hydra_files(out: Path, secrets: set[str]) -> None:
+    """Hydra saved the composed config and the command line in .hydra/ before the job ran;
+    a secret given on the command line would be uploaded with the run folder."""
+    if not secrets:
+        return
+    for f in (out / ".hydra").glob("*.yaml"):
+        text = f.read_text()
+        clean = scrub(text, secrets)
+        if clean != text:
+            f.write_text(clean)
 
 
 def _close_run(run, out: Path, status: str, error: str) -> tuple[str, str]:

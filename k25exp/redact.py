@@ -65,3 +65,17 @@ def scrub(node: Any, values: set[str]) -> Any:
             if s and s in node:
                 node = node.replace(s, MARK)
     return node
+
+
+def redact_overrides(overrides: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+    """Command-line overrides with the values of secret-named env keys masked
+    (`server.env.HF_TOKEN=abc` → `server.env.HF_TOKEN=***redacted***`)."""
+    extra = set(extra)
+    out = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        parts = key.lstrip("+~").split(".")
+        if eq and len(parts) >= 2 and parts[-2] == "env" and is_secret(parts[-1], extra) and value:
+            o = f"{key}={MARK}"
+        out.append(o)
+    return out

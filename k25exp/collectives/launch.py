@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class LaunchOutcome:
     seconds: float
     log_tail: list[str]
     timed_out: bool = False
+    wall_limit_s: Optional[float] = None
 
     @property
     def ok(self) -> bool:
@@ -63,8 +65,12 @@ def torchrun_argv(topo: Topology, spec_path: Path, out_dir: Path) -> list[str]:
     return argv
 
 
-def launch(spec: CollectiveSpec, topo: Topology, out_dir: Path, timeout_s: float) -> LaunchOutcome:
-    """Run the spec under torchrun; stream its output to the log and to out_dir/torchrun.log."""
+def launch(spec: CollectiveSpec, topo: Topology, out_dir: Path,
+           wall_limit_s: Optional[float] = None) -> LaunchOutcome:
+    """Run the spec under torchrun; stream its output to the log and to out_dir/torchrun.log.
+
+    wall_limit_s bounds the whole run (None: no bound); a hung collective is caught by the
+    process group's own timeout (spec.pg_timeout_s) instead."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "spec.json"
     spec.dump(spec_path)
@@ -81,10 +87,10 @@ def launch(spec: CollectiveSpec, topo: Topology, out_dir: Path, timeout_s: float
         reader = threading.Thread(target=_pump, args=(proc, logf, tail), daemon=True)
         reader.start()
         try:
-            proc.wait(timeout=timeout_s)
+            proc.wait(timeout=wall_limit_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            log.error("torchrun exceeded %.0f s; killing its process group", timeout_s)
+            log.error("torchrun exceeded %.0f s; killing its process group", wall_limit_s)
             _kill_group(proc)
         except BaseException:  # Ctrl-C or an error here: never leave ranks behind
             _kill_group(proc)
@@ -93,7 +99,7 @@ def launch(spec: CollectiveSpec, topo: Topology, out_dir: Path, timeout_s: float
             reader.join(timeout=10)
     rc = proc.returncode if proc.returncode is not None else -9
     return LaunchOutcome(returncode=rc, seconds=time.perf_counter() - t0,
-                         log_tail=list(tail), timed_out=timed_out)
+                         log_tail=list(tail), timed_out=timed_out, wall_limit_s=wall_limit_s)
 
 
 def _pump(proc: subprocess.Popen, logf, tail: deque) -> None:

@@ -45,7 +45,7 @@ class CollectiveSpec:
     check: bool = True
     blocking: bool = True
     graph: bool = False
-    timeout_s: float = 600.0
+    pg_timeout_s: float = 600.0  # the process group's timeout (one op waiting for peers)
     fault_kill_rank: Optional[int] = None
     fault_at_point: int = 0
     fault_corrupt_rank: Optional[int] = None

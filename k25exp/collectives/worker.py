@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from k25exp.redact import redact_env
 from k25exp.collectives.comm import TorchComm, make_comm
 from k25exp.collectives.spec import CollectiveSpec, Point
 
@@ -234,7 +235,7 @@ def env_record(rank: int, world: int, device: torch.device, backend: str) -> dic
             "host": socket.gethostname(), "device": str(device), "device_name": name,
             "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
             "threads": torch.get_num_threads(),
-            "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
+            "nccl_env": redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")})}
 
 
 def _cpu_name() -> str:
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         comm = make_comm("vllm", rank, world, local_rank, spec.backend)
     else:
         kw = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.timeout_s), **kw)
+        dist.init_process_group(spec.backend, timeout=timedelta(seconds=spec.pg_timeout_s), **kw)
         comm = TorchComm()
 
     out_dir.mkdir(parents=True, exist_ok=True)

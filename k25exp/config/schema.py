@@ -74,7 +74,10 @@ class HardwareConfig:
 
     name: str = MISSING
     device: str = MISSING  # cpu | cuda
-    device_name: str = ""  # what the box should report (checked against the real one in tags)
+    # What the devices should report (each found device's name must contain it; "" or, on a
+    # CPU box, "cpu" matches any). A mismatch is a warning and the run's tags
+    # device_found / device_name_match / device_warning.
+    device_name: str = ""
     backend: str = MISSING  # gloo | nccl
     nproc_per_node: int = MISSING  # ranks (GPUs) per node
     nnodes: int = 1
@@ -201,7 +204,11 @@ class CollectiveExperiment(ExperimentBase):
     blocking: bool = True
     # CUDA graph capture of the burst (CUDA only; ignored on CPU with a note in the run).
     graph: bool = True
-    timeout_s: float = 600.0
+    # How long one collective waits for its peers before the process group gives up (gloo /
+    # NCCL timeout): catches a hung or dead rank. Not a limit on the sweep's length.
+    pg_timeout_s: float = 600.0
+    # torchrun's wall-clock limit for the whole job; null = none (a long sweep is fine).
+    wall_limit_s: Optional[float] = None
     # Who performs the ops: vllm = vLLM's own TP communicator (the path its server runs),
     # torch = PyTorch's c10d. Default: vllm when vLLM is importable here, else torch.
     communicator: str = "${k25.communicator:${hardware.nnodes}}"  # type: ignore[assignment]

@@ -99,7 +99,9 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
 def check_collective(c: K25Config, p: list[str]) -> None:
     exp: CollectiveExperiment = c.experiment
     hw = c.hardware
-    _positive(exp, "experiment", ["iters", "timeout_s"], p)
+    _positive(exp, "experiment", ["iters", "pg_timeout_s"], p)
+    if exp.wall_limit_s is not None and exp.wall_limit_s <= 0:
+        p.append(f"experiment.wall_limit_s={exp.wall_limit_s}: expected > 0 seconds or null (no limit)")
     _non_negative(exp, "experiment", ["warmup"], p)
     if exp.limit_points is not None and exp.limit_points <= 0:
         p.append(f"experiment.limit_points={exp.limit_points}: expected a positive number or null")

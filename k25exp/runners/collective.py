@@ -64,7 +64,7 @@ def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
     return CollectiveSpec(
         op=op, dtype=exp.dtype, device=cfg.hardware.device, backend=cfg.hardware.backend,
         points=points, warmup=exp.warmup, check=exp.check, blocking=exp.blocking,
-        graph=exp.graph and cfg.hardware.device == "cuda", timeout_s=exp.timeout_s,
+        graph=exp.graph and cfg.hardware.device == "cuda", pg_timeout_s=exp.pg_timeout_s,
         fault_kill_rank=exp.fault.kill_rank, fault_at_point=exp.fault.at_point,
         fault_corrupt_rank=exp.fault.corrupt_rank, communicator=exp.communicator,
     )
@@ -84,7 +84,7 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     rec.set_tags(timing_tags(spec))
     topo = Topology(nproc_per_node=hw.nproc_per_node, nnodes=hw.nnodes, node_rank=hw.node_rank,
                     rdzv_endpoint=hw.rdzv_endpoint, env=rank_env(hw))
-    outcome = launch(spec, topo, out / "raw", timeout_s=spec.timeout_s)
+    outcome = launch(spec, topo, out / "raw", wall_limit_s=cfg.experiment.wall_limit_s)
     files = read_rank_files(out / "raw")
     rec.set_tags(env_tags(files))
     impls = {p.impl.get("impl") for p in files.points if p.impl.get("impl")}
@@ -119,6 +119,6 @@ def failure_message(spec: CollectiveSpec, files: RankFiles, outcome: LaunchOutco
         f = files.faults[0]
         return f"rank {f['rank']} died at point {f['point']} (injected fault); {done}"
     if outcome.timed_out:
-        return f"torchrun exceeded experiment.timeout_s={spec.timeout_s:g} s; {done}"
+        return f"torchrun exceeded experiment.wall_limit_s={outcome.wall_limit_s:g} s; {done}"
     tail = "\n".join(outcome.log_tail[-15:])
     return f"torchrun exited with code {outcome.returncode}; {done}. Last output:\n{tail}"

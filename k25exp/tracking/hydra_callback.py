@@ -15,6 +15,8 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from k25exp.redact import redact_overrides
+
 
 log = logging.getLogger(__name__)
 PARENT_FILE = ".k25exp_parent_run.json"
@@ -45,7 +47,8 @@ class MlflowParentRun(Callback):
         self.sweep_dir = Path(config.hydra.sweep.dir)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         tags = {"k25exp.role": "parent", "k25exp.sweep_dir": str(self.sweep_dir),
-                "hydra.overrides": " ".join(config.hydra.overrides.task)}
+                "hydra.overrides": " ".join(redact_overrides(
+                    config.hydra.overrides.task, config.tracking.get("redact") or ()))}
         if config.tracking.campaign:
             tags["campaign"] = str(config.tracking.campaign)
         # Opening the store here, once, before any job, also creates a fresh SQLite schema

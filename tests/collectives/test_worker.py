@@ -14,14 +14,14 @@ TOPO = Topology(nproc_per_node=2)
 def spec(op, numels, **kw):
     pts = [Point(label=i, numel=n, burst=4, reps=2, blocking_iters=3) for i, n in enumerate(numels)]
     return CollectiveSpec(op=op, dtype=kw.pop("dtype", "bfloat16"), device="cpu", backend="gloo",
-                          points=pts, warmup=1, timeout_s=120, **kw)
+                          points=pts, warmup=1, pg_timeout_s=120, **kw)
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_real_collectives_check_exactly_and_record_every_sample(tmp_path, op, dtype):
     s = spec(op, [8, 4096], dtype=dtype)
-    out = launch(s, TOPO, tmp_path, timeout_s=120)
+    out = launch(s, TOPO, tmp_path, wall_limit_s=120)
     assert out.ok, out.log_tail
     files = read_rank_files(tmp_path)
     assert files.world_size == 2 and [e["rank"] for e in files.env] == [0, 1]
@@ -34,7 +34,7 @@ def test_real_collectives_check_exactly_and_record_every_sample(tmp_path, op, dt
 
 
 def test_corrupted_result_is_caught_on_the_right_rank(tmp_path):
-    out = launch(spec("all_reduce", [64, 128], fault_corrupt_rank=1), TOPO, tmp_path, timeout_s=120)
+    out = launch(spec("all_reduce", [64, 128], fault_corrupt_rank=1), TOPO, tmp_path, wall_limit_s=120)
     assert out.returncode != 0
     files = read_rank_files(tmp_path)
     (p,) = files.points  # the run stops after the point whose check failed
@@ -45,7 +45,7 @@ def test_corrupted_result_is_caught_on_the_right_rank(tmp_path):
 
 def test_dead_rank_keeps_finished_points(tmp_path):
     out = launch(spec("all_reduce", [8, 16, 32], fault_kill_rank=1, fault_at_point=2), TOPO,
-                 tmp_path, timeout_s=120)
+                 tmp_path, wall_limit_s=120)
     assert out.returncode != 0 and not out.timed_out
     files = read_rank_files(tmp_path)
     assert [p.index for p in files.points] == [0, 1]
@@ -62,5 +62,5 @@ def test_multinode_argv_uses_rendezvous():
 
 def test_hardware_env_reaches_every_rank(tmp_path):
     topo = Topology(nproc_per_node=2, env={"NCCL_P2P_DISABLE": "1"})
-    assert launch(spec("all_reduce", [8]), topo, tmp_path, timeout_s=120).ok
+    assert launch(spec("all_reduce", [8]), topo, tmp_path, wall_limit_s=120).ok
     assert [e["nccl_env"].get("NCCL_P2P_DISABLE") for e in read_rank_files(tmp_path).env] == ["1", "1"]
