@@ -18,6 +18,26 @@ ROOT = project_root()
 register_configs()
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """`cuda` tests need a GPU: here they skip, saying so; on a GPU box (`pytest -m cuda`)
+    they all run, and a missing optional kernel is an xfail with its reason."""
+    if _cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU box)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def compose_cfg(*overrides: str):
     """The config `python -m k25exp <overrides>` would run (Hydra's own compose)."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -62,3 +82,66 @@ def make_k25(tmp_path: Path):
         return CliResult(p.returncode, p.stdout, p.stderr, outputs, uri)
 
     return run
+
+
+# --- one embedded-default campaign for the whole session ----------------------------------
+# ./multirun.sh end to end (debug=quick) is the most expensive fixture: five vLLM server
+# starts. The report, spec_decode and profile tests all read this one campaign's runs.
+
+SPEC_K = 3  # spec_decode's num_speculative_tokens in the campaign
+PROFILE_OUT = 32  # profile's output_tokens: decode steps per request = PROFILE_OUT - 1
+CAMPAIGN_ARGS = [
+    "debug=quick", "server.port=0",
+    # allreduce_sweep: the sizes the EP comparison needs (c × 512 × 2 B for c = 1 … 8)
+    "allreduce_sweep:experiment.min_bytes=1024", "allreduce_sweep:experiment.max_bytes=16384",
+    "allreduce_sweep:experiment.limit_points=null",
+    # profile: every decode step analysed (debug=quick would keep 3), a known count of them
+    "profile:experiment.limit_points=null", f"profile:experiment.output_tokens={PROFILE_OUT}",
+    # spec_decode: batch 1 only, short requests
+    "spec_decode:experiment.concurrency=[1]", "spec_decode:experiment.input_tokens=16",
+    "spec_decode:experiment.output_tokens=24", f"spec_decode:experiment.num_speculative_tokens={SPEC_K}",
+]
+
+
+@dataclass
+class Campaign:
+    proc: subprocess.CompletedProcess
+    uri: str
+    tmp: Path
+
+    @property
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.uri)
+
+    def all_runs(self):
+        c = self.client
+        return c.search_runs([e.experiment_id for e in c.search_experiments()], max_results=1000)
+
+    @property
+    def runs(self):
+        """The phase runs (no multirun parents)."""
+        return [r for r in self.all_runs() if r.data.tags.get("k25exp.role") != "parent"]
+
+
+def run_campaign(tmp: Path, name: str, *args: str, phases: str | None = None,
+                 timeout: float = 1800) -> Campaign:
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": name, "PYTHON": sys.executable}
+    env.pop("PHASES", None)
+    if phases:
+        env["PHASES"] = phases
+    p = subprocess.run(["./multirun.sh", *args, f"paths.outputs={tmp}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    return Campaign(p, uri, tmp)
+
+
+@pytest.fixture(scope="session")
+def campaign_full(tmp_path_factory):
+    from tests.serving.helpers import orphans
+
+    c = run_campaign(tmp_path_factory.mktemp("campaign"), "c-full", *CAMPAIGN_ARGS)
+    assert c.proc.returncode == 0, c.proc.stdout[-3000:] + c.proc.stderr[-3000:]
+    assert not orphans(), "vLLM processes left after the campaign"
+    return c

@@ -10,7 +10,7 @@ import fcntl
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient

@@ -131,7 +131,7 @@ def test_check_correct_definition():
     assert check_correct(torch.zeros(1, 2), torch.zeros(1, 2)) == (True, 0.0)
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_torch_int4_cuda_matches_reference(m):
     w = random_weight(512, 7168, seed=1, device="cuda")
@@ -141,7 +141,7 @@ def test_torch_int4_cuda_matches_reference(m):
     assert ok, err
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.cuda
 def test_torch_int4_cuda_weight_matches_dequantize():
     qw = every_code_weight(64, 256, 32).to("cuda")
     w_seen = torch_int4().prepare(None, qw)(torch.eye(256, dtype=torch.bfloat16, device="cuda")).t()
@@ -149,14 +149,14 @@ def test_torch_int4_cuda_weight_matches_dequantize():
     assert ok, err
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.cuda
 def test_marlin_cuda_matches_reference_or_is_unavailable():
     w = random_weight(512, 7168, seed=1, device="cuda")
     qw = quantize_w4a16(w, 32)
     try:
         fn = marlin().prepare(w, qw)
-    except KernelUnavailable as e:
-        pytest.skip(str(e))
+    except KernelUnavailable as e:  # vLLM's CUDA build is optional: say why, don't skip
+        pytest.xfail(str(e))
     x = activations(16, 7168, device="cuda")
     ok, err = check_correct(fn(x), w4a16_reference().prepare(w, qw)(x))
     assert ok, err

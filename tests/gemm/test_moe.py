@@ -80,3 +80,14 @@ def test_a_layer_too_big_for_the_budget_is_skipped_with_its_size(tmp_path):
     runner_for(cfg.experiment)(cfg, tmp_path, rec)
     # Kimi at TP 2: 384 × 3 × 1024 × 7168 × 2 B = 15.75 GiB
     assert "= 15.8 GiB > experiment.moe_max_weight_gib=8" in rec.tags["skipped.moe.tp2"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("c", [1, 32])
+def test_reference_moe_on_cuda_matches_the_loop(c):
+    w13, w2 = moe.make_weights(E, H, I, torch.bfloat16, "cpu", seed=0)
+    tw, ti = moe.route(c, E, K, seed=c)
+    x = torch.randn(c, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    want = by_hand(x, w13, w2, tw, ti)
+    got = moe.reference_grouped_moe(w13.cuda(), w2.cuda(), tw.cuda(), ti.cuda())(x.cuda()).float().cpu()
+    assert (got - want).abs().max() / want.abs().max() < 2e-2

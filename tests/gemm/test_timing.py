@@ -45,7 +45,7 @@ def test_time_fn_dispatch_cpu():
         time_cuda(fn, x, warmup=0, iters=1)
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("graph", [False, True])
 def test_time_cuda(graph):
     w = random_weight(4096, 7168, seed=0, device="cuda")

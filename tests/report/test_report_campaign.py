@@ -10,30 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from k25exp.gemm.shapes import model_gemm_shapes
-from tests.conftest import ROOT, compose_cfg
+from tests.conftest import ROOT, compose_cfg, run_campaign
 
-# The module fixture (a whole campaign / three server starts) runs inside the first test.
-pytestmark = pytest.mark.timeout(1800)
-
-# allreduce_sweep: sizes the EP comparison needs (c × 512 × 2 B for c = 1 … 8), not 8 … 32 B
-FULL = ["debug=quick", "server.port=0", "allreduce_sweep:experiment.min_bytes=1024",
-        "allreduce_sweep:experiment.max_bytes=16384", "allreduce_sweep:experiment.limit_points=null"]
-
-
-def campaign(tmp: Path, name: str, *args: str, phases: str | None = None, timeout: float = 1800):
-    uri = f"sqlite:///{tmp}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": name, "PYTHON": sys.executable}
-    env.pop("PHASES", None)
-    if phases:
-        env["PHASES"] = phases
-    p = subprocess.run(["./multirun.sh", *args, f"paths.outputs={tmp}"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=timeout)
-    c = MlflowClient(uri)
-    runs = c.search_runs([e.experiment_id for e in c.search_experiments()], max_results=1000)
-    return p, c, [r for r in runs if r.data.tags.get("k25exp.role") != "parent"]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 
 def latest(runs, phase, **params):
@@ -42,12 +23,10 @@ def latest(runs, phase, **params):
     return max(rs, key=lambda r: r.info.start_time)
 
 
-@pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("campaign")
-    p, client, runs = campaign(tmp, "c-full", *FULL)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return p, client, runs
+@pytest.fixture
+def full(campaign_full):
+    """The session's campaign (tests/conftest.py): (process, MLflow client, phase runs)."""
+    return campaign_full.proc, campaign_full.client, campaign_full.runs
 
 
 def test_every_phase_runs_and_the_script_says_where_the_report_is(full):
@@ -142,9 +121,10 @@ def test_report_figures_match_the_runs_they_name(full):
 
 
 def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
-    p, client, runs = campaign(tmp_path, "c-partial", "debug=quick", "server.port=0",
-                               "macro:server.model_path=/nonexistent/checkpoint",
-                               phases="nccl_burst macro report", timeout=600)
+    c = run_campaign(tmp_path, "c-partial", "debug=quick", "server.port=0",
+                     "macro:server.model_path=/nonexistent/checkpoint",
+                     phases="nccl_burst macro report", timeout=600)
+    p, runs = c.proc, c.runs
     assert p.returncode == 1  # macro failed ...
     assert "2 phase(s) ok (nccl_burst report), 1 failed (macro)" in p.stdout  # ... the report ran
     report = latest(runs, "report")

@@ -1,51 +1,50 @@
 """experiment=profile against the real vLLM CPU server (TP 2), and the analyser on the traces
-that server wrote."""
+that server wrote: the session campaign's profile phase (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
-from k25exp.runners import profile
-from k25exp.serving import server
 from k25exp.traces import analyze, load_rules
-from k25exp.tracking import MemoryRecorder
-from tests.conftest import ROOT, compose_cfg
+from tests.conftest import PROFILE_OUT, ROOT, compose_cfg
 
 
-@pytest.fixture(scope="module")
-def profiled(tmp_path_factory):
-    """One profile job in this process: (metrics, recorder, output folder)."""
-    tmp = tmp_path_factory.mktemp("profile")
-    cfg = to_typed(compose_cfg(
-        "experiment=profile", f"server.port={server.free_port()}", f"server.log_dir={tmp / 'logs'}",
-        f"server.profiler.torch_profiler_dir={tmp / 'profiles'}", "server.max_model_len=512",
-        "experiment.iters=2", "experiment.output_tokens=16"), gpu_count=lambda: 0)
-    rec = MemoryRecorder()
-    ours: set[int] = set()
-    try:
-        metrics = profile.run(cfg, tmp / "out", rec)
-        ours = {p for s in server.running() for p in s.pids()}
-        assert ours, "the profile server should still be registered for reuse"
-        yield metrics, rec, tmp / "out"
-    finally:
-        server.stop_all()
-        # only this server's processes: another server may run on the machine
-        survivors = [p for p in ours if os.path.exists(f"/proc/{p}") and
-                     open(f"/proc/{p}/stat").read().split(")")[-1].split()[0] != "Z"]
-        assert not survivors, f"processes of the profile server survived: {survivors}"
+class Logged:
+    """A finished run's metrics and tags, in the shape the assertions below read."""
+
+    def __init__(self, client, run):
+        self.tags = run.data.tags
+        self.keys = set(run.data.metrics)
+        self.history = {k: {h.step: h.value for h in client.get_metric_history(run.info.run_id, k)}
+                        for k in ("server_starts",)}
 
 
+@pytest.fixture
+def profiled(campaign_full):
+    """The session campaign's profile run at concurrency 1 (the first of its sweep, on a
+    fresh server): (metrics, logged, run folder, requests profiled)."""
+    runs = [r for r in campaign_full.runs if r.data.tags.get("k25exp.experiment") == "profile"
+            and r.data.params.get("experiment.concurrency") == "1"]
+    (run,) = runs
+    requests = max(int(run.data.params["experiment.iters"]), 1)
+    return (run.data.metrics, Logged(campaign_full.client, run), Path(run.data.tags["k25exp.output_dir"]),
+            requests)
+
+
+@pytest.mark.vllm
 def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
-    metrics, rec, out = profiled
+    metrics, rec, out, requests = profiled
     traces = sorted((out / "traces").iterdir())
     assert len(traces) == 2 and all(t.name.endswith(".pt.trace.json.gz") for t in traces)
-    assert metrics["steps_analysed"] >= 10  # 2 requests × 15 decode steps, per rank
+    # one request at a time: each has PROFILE_OUT - 1 pure-decode steps (its first token
+    # comes from the prefill step), on every rank
+    assert metrics["steps_analysed"] == requests * (PROFILE_OUT - 1)
     categories = load_rules().categories
     for rank in ("rank0", "rank1"):
         table = {row["category"]: row for row in _csv(out / "breakdown" / "breakdown.csv")}
@@ -57,18 +56,19 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     assert metrics["allreduce_share"] > 0 and metrics["allreduce_share"] == metrics["share_comm_allreduce"]
     assert metrics["share_moe"] > 0 and metrics["share_attention"] > 0 and metrics["share_gemm"] > 0
     assert rec.tags["trace.step_source"] == "user_annotation"
-    assert rec.latest("server_starts")[None] == 1.0
-    assert "stop_profile_s" in {k for k, _, _ in rec.metrics}
-    assert not {k for k, _, _ in rec.metrics} & {"tpot_ms_p50", "output_tok_s"}  # never reported
+    assert rec.history["server_starts"] == {0: 1.0}
+    assert "stop_profile_s" in rec.keys
+    assert not rec.keys & {"tpot_ms_p50", "output_tok_s"}  # never reported
 
 
 SPLIT = ("share_comm_wait", "share_comm_transport", "comm_wait_ms_per_step",
          "comm_transport_ms_per_step", "comm_raw_ms_per_step", "comm_calls_matched")
 
 
+@pytest.mark.vllm
 def test_collectives_split_into_wait_and_transport_on_both_ranks(profiled):
-    metrics, rec, out = profiled
-    logged = {k for k, _, _ in rec.metrics}
+    metrics, rec, out, _ = profiled
+    logged = rec.keys
     for k in SPLIT:
         assert {k, f"{k}_min", f"{k}_median", f"{k}_max"} <= logged, k
     table = {row["category"]: row for row in _csv(out / "breakdown" / "breakdown.csv")}
@@ -119,8 +119,9 @@ def _comm_calls_us(path) -> list[float]:
     return out
 
 
+@pytest.mark.vllm
 def test_analyze_cli_on_the_real_traces_agrees(profiled):
-    metrics, _, out = profiled
+    metrics, _, out, _ = profiled
     r = subprocess.run([sys.executable, "-m", "k25exp", "analyze", "--json", str(out / "traces")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -1,31 +1,27 @@
 """experiment=spec_decode against the real CPU build: n-gram lookup and the self-draft, each
-beside the baseline server, in one multirun (so the second job reuses the baseline server)."""
+beside the baseline server, in one multirun (so the second job reuses the baseline server):
+the session campaign's spec_decode phase."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import make_k25
-from tests.runners.test_macro import children
-from tests.serving.helpers import orphans
+from tests.conftest import SPEC_K as K
 from tests.test_job import artifact_paths
 
-# The module fixture (a whole campaign / three server starts) runs inside the first test.
-pytestmark = pytest.mark.timeout(1800)
-
-K = 3
-SMALL = ["server.port=0", "experiment.input_tokens=16", "experiment.output_tokens=24",
-         "experiment.concurrency=[1]", "experiment.single_stream_requests=3", "experiment.warmup=1",
-         "experiment.rounds=2", "experiment.min_requests=2", f"experiment.num_speculative_tokens={K}",
-         "experiment.progress=false"]
+# The session's campaign (tests/conftest.py) ran spec=ngram,self_draft as one multirun.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    r = make_k25(tmp_path_factory.mktemp("spec"))("-m", "experiment=spec_decode", "spec=ngram,self_draft",
-                                                  *SMALL, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
+@pytest.fixture
+def sweep(campaign_full):
+    """(client, parent run, child runs) of the campaign's spec_decode multirun."""
+    runs = campaign_full.all_runs()
+    kids = [r for r in runs if r.data.tags.get("k25exp.experiment") == "spec_decode"]
+    parents = {r.data.tags.get("mlflow.parentRunId") for r in kids}
+    assert len(parents) == 1, "both spec_decode jobs belong to one multirun"
+    (parent,) = [r for r in runs if r.info.run_id in parents]
+    return campaign_full.client, parent, kids
 
 
 def _counters(m: dict, prefix: str = "single_stream_") -> dict:
@@ -33,7 +29,7 @@ def _counters(m: dict, prefix: str = "single_stream_") -> dict:
 
 
 def test_acceptance_counters_are_read_and_consistent(sweep):
-    parent, kids = children(sweep)
+    _, parent, kids = sweep
     assert parent.info.status == "FINISHED" and len(kids) == 2
     by = {x.data.params["experiment.method"]: x for x in kids}
     for method, run in by.items():
@@ -67,13 +63,12 @@ def test_acceptance_counters_are_read_and_consistent(sweep):
 
 
 def test_the_baseline_server_is_started_once_for_the_sweep(sweep):
-    _, kids = children(sweep)
+    client, _, kids = sweep
     kids.sort(key=lambda x: x.info.start_time)
     first, second = (k.data.metrics for k in kids)
     assert first["server_starts"] == 1 and first["baseline/server_starts"] == 1
     assert second["baseline/server_starts"] == 0 and second["server_starts"] == 1
     assert kids[0].data.tags["baseline/server.launch_key"] == kids[1].data.tags["baseline/server.launch_key"]
     assert kids[0].data.tags["server.launch_key"] != kids[1].data.tags["server.launch_key"]
-    arts = set(artifact_paths(sweep.client, kids[0].info.run_id))
+    arts = set(artifact_paths(client, kids[0].info.run_id))
     assert {"spec/requests.jsonl", "baseline/requests.jsonl", "spec/server.log", "results.csv"} <= arts
-    assert not orphans()
