@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from k25exp.report import budget
-from k25exp.report.budget import effective_alpha, expected_tokens, interp_loglog
+from k25exp.report import budget, expert_parallel, speculative
+from k25exp.report.measured import interp_loglog, model_of
+from k25exp.report.speculative import effective_alpha, expected_tokens
 from k25exp.report.sources import Campaign, RunView
 
 MODEL = {"model.hidden_size": "512", "model.num_hidden_layers": "3", "model.first_k_dense_replace": "1",
@@ -49,7 +50,7 @@ def test_ep_break_even_is_where_the_sign_flips():
     a2a = run("all_to_all", params={"hardware.world_size": "2", "hardware.backend": "gloo"},
               steps={"a2a_us": {1: 10.0, 2: 10.0, 4: 100.0}})
     ar = run("allreduce_sweep", steps={"time_us": {1024: 30.0, 2048: 30.0, 4096: 30.0, 8192: 30.0}})
-    sec = budget.expert_parallel(Campaign("c", "uri", [a2a, ar]))
+    sec = expert_parallel.expert_parallel(Campaign("c", "uri", [a2a, ar]))
     rows = {r[0]: r for r in sec.tables[0].rows}
     assert sorted(rows) == [1, 2, 4, 8]  # tokens/GPU = ceil(c/2) up to the a2a sweep's 4
     assert rows[1][3] == pytest.approx(2 * 2 * 10.0 / 1e3) and rows[1][6] == pytest.approx(2 * 30.0 / 1e3)
@@ -85,7 +86,7 @@ def test_spec_projection_uses_the_measured_verification_cost():
                                "spec_speedup": 1.25, "single_stream_acceptance_rate": 0.5,
                                "single_stream_tokens_per_chunk": 2.0},
                {"experiment.method": "ngram", "experiment.num_speculative_tokens": "3"})
-    sec = budget.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
+    sec = speculative.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
     free = sec.tables[0]
     assert free.columns == ["α", "k=1", "k=3"]  # no macro level at 8 → k=7 left out, and said so
     assert any("[7]" in n for n in sec.notes)
@@ -133,7 +134,7 @@ def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
 
 
 def model_of_params(params):
-    return budget.model_of(RunView("x", "1", "gemm", "FINISHED", 0, params=params))
+    return model_of(RunView("x", "1", "gemm", "FINISHED", 0, params=params))
 
 
 def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
@@ -147,7 +148,7 @@ def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
             run("spec_decode", m, {**common, "experiment.draft_model": "self",
                                    "experiment.extra.synthetic_acceptance_length": "1.5"}, t=2),
             run("spec_decode", m, {**common, "experiment.draft_model": "/models/small-draft"}, t=3)]
-    sec = budget.speculative(Campaign("c", "uri", runs), [0.5], [3])
+    sec = speculative.speculative(Campaign("c", "uri", runs), [0.5], [3])
     measured = [f.label for f in sec.figures if f.label.startswith("measured")]
     assert len(measured) == 3 and len(set(measured)) == 3
     assert "measured speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]" in measured

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from k25exp.report import provenance, reconcile
+from k25exp.report import predict, provenance, reconcile
 from k25exp.report.sources import Campaign, RunView
 
 TINY = {"model.name": "tiny_kimi", "model.hidden_size": "512", "model.num_hidden_layers": "3",
@@ -93,7 +93,7 @@ def test_reconciliation_figures_equal_the_runs_they_cite():
 def test_tpot_is_predicted_at_every_macro_level():
     c = campaign()
     _, per_c = reconcile.reconcile(c)
-    sec, out = reconcile.predict(c, per_c)
+    sec, out = predict.predict(c, per_c)
     # uncovered = attention 30 + norm 5 + memory 1 + other 2 + idle 20 = 58 % of the step,
     # + the collectives' wait for the last rank (1.7 ms) + host time between steps (0.4 ms)
     unc1, unc4 = 0.58 * 12.0 + 1.7 + 0.4, 0.58 * 16.0 + 1.7 + 0.4
