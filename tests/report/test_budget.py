@@ -7,7 +7,7 @@ import math
 import pytest
 
 from k25exp.report import budget, expert_parallel, speculative
-from k25exp.report.measured import interp_loglog, model_of
+from k25exp.report.measured import interp_loglog
 from k25exp.report.speculative import effective_alpha, expected_tokens
 from k25exp.report.sources import Campaign, RunView
 
@@ -117,11 +117,12 @@ def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
              "model.num_attention_heads": "2", "model.q_lora_rank": "0", "model.kv_lora_rank": "64",
              "model.qk_nope_head_dim": "16", "model.qk_rope_head_dim": "16", "model.v_head_dim": "16",
              "model.vocab_size": "256", "model.quant.method": "w4a16"}
-    from k25exp.gemm.shapes import model_gemm_shapes
-
-    names = [s.name for s in model_gemm_shapes(model_of_params(model), 1, True)]
+    # this model's GEMMs per step, written out: 2 MoE layers (no dense, no shared expert),
+    # routed experts top_k = 2 each, no q LoRA (q_proj, not q_b_proj), lm_head once
+    per_step = {"expert_gate_up": 2 * 2, "expert_down": 2 * 2, "router": 2, "q_proj": 2,
+                "kv_a_proj_with_mqa": 2, "kv_b_proj": 2, "o_proj": 2, "lm_head": 1}
     steps, metrics = {}, {}
-    for n in names:  # marlin is faster than bf16 on every shape
+    for n in per_step:  # marlin is faster than bf16 on every shape
         for kern, us in (("torch_bf16", 10.0), ("marlin", 4.0)):
             key = f"{n}.tp1/{kern}/latency_us"
             steps[key], metrics[key] = {1: us}, us
@@ -131,10 +132,9 @@ def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
     kernels = {row[0]: row[3] for row in table.rows}
     assert not missing and {n for n, k in kernels.items() if k == "marlin"} == {"expert_gate_up", "expert_down"}
     assert set(kernels.values()) == {"marlin", "torch_bf16"}
-
-
-def model_of_params(params):
-    return model_of(RunView("x", "1", "gemm", "FINISHED", 0, params=params))
+    assert {row[0]: row[2] for row in table.rows} == per_step
+    # experts 8 × 4 µs (marlin) + the other 11 GEMMs × 10 µs (bf16)
+    assert total == pytest.approx((8 * 4.0 + 11 * 10.0) / 1e3)
 
 
 def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
