@@ -5,9 +5,9 @@ and MoE layers at c, + what no micro-benchmark covers, from the profiles: attent
 norm/activation, memory, other, idle/host, the collectives' wait for the last rank (a
 micro-benchmark starts every op after a barrier, so it times transport only) and the host
 time between two steps (the trace's median gap between consecutive decode steps): linear in
-c between profiled concurrencies, the nearest profile's value outside them (said so per level). Additivity is assumed: the
-parts run one after another. The profile's overlap_share says how far that is off, and the
-uncovered parts carry the profiler's own slowdown.
+c between profiled concurrencies, the nearest profile's value outside them (said so per
+level). Additivity is assumed: the parts run one after another. The profile's overlap_share
+says how far that is off, and the uncovered parts carry the profiler's own slowdown.
 """
 
 from __future__ import annotations
