@@ -1,7 +1,7 @@
 """The report's inputs: the campaign's runs in MLflow, as plain RunView objects.
 
-This is the only module of k25exp.report that talks to MLflow; the arithmetic (budget.py)
-and the rendering (render.py) take RunViews, so tests can build them from real runs or by
+This is the only module of k25exp.report that talks to MLflow; the arithmetic (one module
+per section: budget.py, reconcile.py, ...) and the rendering (render.py) take RunViews, so tests can build them from real runs or by
 hand. A campaign is every run tagged `campaign=<id>` (multirun.sh sets it for all phases);
 multirun parents and report runs are not phases.
 """

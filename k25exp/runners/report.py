@@ -1,7 +1,8 @@
 """report: the campaign's synthesis from its MLflow runs (k25exp.report).
 
 Reads the latest finished run of each phase of one campaign, computes the decode-time budget,
-the expert-parallelism break-even and the speculative-decoding projection, and writes
+the step reconciled and TPOT predicted, the collectives against the link, the
+expert-parallelism break-even and the speculative-decoding projection, and writes
 report.md (+ plots/) and a self-contained report.html into the job folder (logged with the
 run) and into <paths.outputs>/reports/<campaign>/. Prints the headline table.
 """
@@ -13,42 +14,30 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Sequence
 
 from k25exp.config.schema import K25Config, ReportConfig
-from k25exp.report import budget, provenance, reconcile, render
+from k25exp.report import (budget, expert_parallel, link, predict, provenance, reconcile, render,
+                           speculative)
+from k25exp.report import metrics as M
+from k25exp.report.figures import Figure, Section
 from k25exp.report.sources import latest_campaign, load_campaign
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
-# Headline figure label → metric name on the report run.
-METRICS = {
-    "TPOT at batch 1 (macro)": "tpot_ms",
-    "communication per step (NCCL burst)": "comm_ms",
-    "GEMM per step": "gemm_ms",
-    "rest (attention, norms, routing, host)": "rest_ms",
-    "communication share (burst / TPOT)": "comm_share_burst",
-    "communication share (profile)": "comm_share_profile",
-    "communication share (profile transport / TPOT)": "comm_share_profile_transport",
-    "communication share (profile wait / TPOT)": "comm_share_profile_wait",
-    "difference (burst − profile transport)": "comm_share_diff_pp",
-    "GEMM share (GEMM / TPOT)": "gemm_share",
-    "EP break-even concurrency": "ep_break_even_concurrency",
-    "TPOT prediction error, worst level": "tpot_pred_err_pct_worst",
-    "reconciled step": "reconciled_step_ms",
-    "all-to-all knee": "a2a_knee_tokens_per_gpu",
-}
 
-
-def _metric_name(label: str) -> str:
-    if label in METRICS:
-        return METRICS[label]
-    # "measured speedup, ngram k=3 (self-draft)" → "spec_measured_speedup.ngram_k3_self_draft"
-    kind, _, setting = label.partition(", ")
-    slug = "".join(ch if ch.isalnum() else "_" for ch in setting).strip("_")
-    while "__" in slug:
-        slug = slug.replace("__", "_")
-    return f"spec_{kind.split()[0]}_speedup.{slug}"
+def figure_metrics(figures: Sequence[Figure]) -> dict[str, float]:
+    """The figures that have a value, by their declared metric key (k25exp.report.metrics)."""
+    out: dict[str, float] = {}
+    for f in figures:
+        if f.value is None:
+            continue
+        if f.key in out:  # two figures would overwrite one metric
+            raise ValueError(f"two report figures log the metric {f.key!r}, the second "
+                             f"{f.label!r}: give each its own key in k25exp.report.metrics")
+        out[f.key] = f.value
+    return out
 
 
 def folder_name(campaign: str) -> str:
@@ -62,9 +51,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     campaign = exp.campaign or latest_campaign(exp.tracking_uri)
     c, refused = provenance.check(load_campaign(exp.tracking_uri, campaign))
     recon, per_c = reconcile.reconcile(c)
-    pred, per_level = reconcile.predict(c, per_c)
-    sections = [budget.decode_budget(c, exp.gemm_kernel), recon, pred, budget.expert_parallel(c),
-                budget.speculative(c, exp.alphas, exp.draft_lengths)]
+    pred, per_level = predict.predict(c, per_c)
+    sections: list[Section] = [
+        budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
+        expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths)]
     if refused:  # refused by name, never summed
         sections[0].notes[:0] = [str(r) for r in refused]
     if provenance.random_weights(c):
@@ -75,21 +65,21 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     md, page, head = render.write(out, c, sections, exp.ui_url, generated)
 
     figs = [f for s in sections for f in s.figures]
-    summary = {_metric_name(f.label): f.value for f in figs if f.value is not None}
+    summary = figure_metrics(figs)
     missing = c.missing_phases()
-    summary["phases_missing"] = len(missing)
-    summary["figures_missing"] = sum(f.value is None for f in figs)
+    summary[M.PHASES_MISSING] = len(missing)
+    summary[M.FIGURES_MISSING] = sum(f.value is None for f in figs)
     rec.log_metrics(summary)
     for k, m in per_c.items():  # step = the profiled concurrency
-        rec.log_metrics({f"recon.{name}": v for name, v in m.items()}, step=k)
+        rec.log_metrics({M.RECON + name: v for name, v in m.items()}, step=k)
     for k, m in per_level.items():  # step = the macro level
         rec.log_metrics(m, step=k)
     if per_level:
-        worst = max(abs(m["tpot_pred_err_pct"]) for m in per_level.values())
-        rec.log_metrics({"tpot_pred_err_pct_max": worst})
-        summary["tpot_pred_err_pct_max"] = worst
-    summary["runs_refused"] = len(refused)
-    rec.log_metrics({"runs_refused": len(refused)})
+        worst = max(abs(m[M.TPOT_PRED_ERR]) for m in per_level.values())
+        rec.log_metrics({M.TPOT_PRED_ERR_MAX: worst})
+        summary[M.TPOT_PRED_ERR_MAX] = worst
+    summary[M.RUNS_REFUSED] = len(refused)
+    rec.log_metrics({M.RUNS_REFUSED: len(refused)})
     sources = sorted({r.run_id for f in figs for r in f.runs})
     rec.set_tags({"report.campaign": campaign, "report.source_runs": " ".join(sources),
                   "report.missing_phases": " ".join(missing) or "none"})

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from k25exp.report import budget
-from k25exp.report.budget import effective_alpha, expected_tokens, interp_loglog
+from k25exp.report import budget, expert_parallel, speculative
+from k25exp.report.measured import interp_loglog
+from k25exp.report.speculative import effective_alpha, expected_tokens
 from k25exp.report.sources import Campaign, RunView
 
 MODEL = {"model.hidden_size": "512", "model.num_hidden_layers": "3", "model.first_k_dense_replace": "1",
@@ -49,7 +50,7 @@ def test_ep_break_even_is_where_the_sign_flips():
     a2a = run("all_to_all", params={"hardware.world_size": "2", "hardware.backend": "gloo"},
               steps={"a2a_us": {1: 10.0, 2: 10.0, 4: 100.0}})
     ar = run("allreduce_sweep", steps={"time_us": {1024: 30.0, 2048: 30.0, 4096: 30.0, 8192: 30.0}})
-    sec = budget.expert_parallel(Campaign("c", "uri", [a2a, ar]))
+    sec = expert_parallel.expert_parallel(Campaign("c", "uri", [a2a, ar]))
     rows = {r[0]: r for r in sec.tables[0].rows}
     assert sorted(rows) == [1, 2, 4, 8]  # tokens/GPU = ceil(c/2) up to the a2a sweep's 4
     assert rows[1][3] == pytest.approx(2 * 2 * 10.0 / 1e3) and rows[1][6] == pytest.approx(2 * 30.0 / 1e3)
@@ -85,7 +86,7 @@ def test_spec_projection_uses_the_measured_verification_cost():
                                "spec_speedup": 1.25, "single_stream_acceptance_rate": 0.5,
                                "single_stream_tokens_per_chunk": 2.0},
                {"experiment.method": "ngram", "experiment.num_speculative_tokens": "3"})
-    sec = budget.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
+    sec = speculative.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
     free = sec.tables[0]
     assert free.columns == ["α", "k=1", "k=3"]  # no macro level at 8 → k=7 left out, and said so
     assert any("[7]" in n for n in sec.notes)
@@ -116,11 +117,12 @@ def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
              "model.num_attention_heads": "2", "model.q_lora_rank": "0", "model.kv_lora_rank": "64",
              "model.qk_nope_head_dim": "16", "model.qk_rope_head_dim": "16", "model.v_head_dim": "16",
              "model.vocab_size": "256", "model.quant.method": "w4a16"}
-    from k25exp.gemm.shapes import model_gemm_shapes
-
-    names = [s.name for s in model_gemm_shapes(model_of_params(model), 1, True)]
+    # this model's GEMMs per step, written out: 2 MoE layers (no dense, no shared expert),
+    # routed experts top_k = 2 each, no q LoRA (q_proj, not q_b_proj), lm_head once
+    per_step = {"expert_gate_up": 2 * 2, "expert_down": 2 * 2, "router": 2, "q_proj": 2,
+                "kv_a_proj_with_mqa": 2, "kv_b_proj": 2, "o_proj": 2, "lm_head": 1}
     steps, metrics = {}, {}
-    for n in names:  # marlin is faster than bf16 on every shape
+    for n in per_step:  # marlin is faster than bf16 on every shape
         for kern, us in (("torch_bf16", 10.0), ("marlin", 4.0)):
             key = f"{n}.tp1/{kern}/latency_us"
             steps[key], metrics[key] = {1: us}, us
@@ -130,10 +132,9 @@ def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
     kernels = {row[0]: row[3] for row in table.rows}
     assert not missing and {n for n, k in kernels.items() if k == "marlin"} == {"expert_gate_up", "expert_down"}
     assert set(kernels.values()) == {"marlin", "torch_bf16"}
-
-
-def model_of_params(params):
-    return budget.model_of(RunView("x", "1", "gemm", "FINISHED", 0, params=params))
+    assert {row[0]: row[2] for row in table.rows} == per_step
+    # experts 8 × 4 µs (marlin) + the other 11 GEMMs × 10 µs (bf16)
+    assert total == pytest.approx((8 * 4.0 + 11 * 10.0) / 1e3)
 
 
 def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
@@ -147,7 +148,7 @@ def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
             run("spec_decode", m, {**common, "experiment.draft_model": "self",
                                    "experiment.extra.synthetic_acceptance_length": "1.5"}, t=2),
             run("spec_decode", m, {**common, "experiment.draft_model": "/models/small-draft"}, t=3)]
-    sec = budget.speculative(Campaign("c", "uri", runs), [0.5], [3])
+    sec = speculative.speculative(Campaign("c", "uri", runs), [0.5], [3])
     measured = [f.label for f in sec.figures if f.label.startswith("measured")]
     assert len(measured) == 3 and len(set(measured)) == 3
     assert "measured speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]" in measured

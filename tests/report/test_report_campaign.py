@@ -57,14 +57,18 @@ def test_report_figures_match_the_runs_they_name(full):
     assert {macro.info.run_id, burst.info.run_id, gemm.info.run_id, profile.info.run_id} <= sources
     assert m["tpot_ms"] == pytest.approx(macro.data.metrics["single_stream_tpot_ms"])
     assert m["comm_ms"] == pytest.approx(burst.data.metrics["burst_ms"])
-    # GEMM per step, recomputed here from the GEMM run's M=1 points and the model's shapes
-    cfg = compose_cfg("experiment=gemm", "model=tiny_kimi")
+    # GEMM per step from the GEMM run's M=1 points × tiny_kimi's GEMMs per step at TP 2
+    # (cpu_local), written out: 3 layers, the first dense; 2 MoE layers × top_k 4 routed
+    # experts + 1 shared expert + the router; MLA with a q LoRA in all 3 layers; lm_head once
+    per_step = {"expert_gate_up": 2 * 4, "expert_down": 2 * 4, "router": 2, "shared_gate_up": 2,
+                "shared_down": 2, "dense_gate_up": 1, "dense_down": 1, "fused_qkv_a_proj": 3,
+                "q_b_proj": 3, "kv_b_proj": 3, "o_proj": 3, "lm_head": 1}
     want = 0.0
-    for s in model_gemm_shapes(cfg.model, cfg.hardware.tp, True):
+    for name, count in per_step.items():
         # vLLM's own linear dispatch where it was timed (the CPU build's path), else F.linear
-        hist = client.get_metric_history(gemm.info.run_id, f"{s.name}.tp{cfg.hardware.tp}/vllm_linear/latency_us") \
-            or client.get_metric_history(gemm.info.run_id, f"{s.name}.tp{cfg.hardware.tp}/torch_bf16/latency_us")
-        want += {h.step: h.value for h in hist}[1] * s.count_per_layer * s.layers
+        hist = client.get_metric_history(gemm.info.run_id, f"{name}.tp2/vllm_linear/latency_us") \
+            or client.get_metric_history(gemm.info.run_id, f"{name}.tp2/torch_bf16/latency_us")
+        want += {h.step: h.value for h in hist}[1] * count
     assert m["gemm_ms"] == pytest.approx(want / 1e3)
     assert m["rest_ms"] == pytest.approx(m["tpot_ms"] - m["comm_ms"] - m["gemm_ms"])
     assert m["comm_share_burst"] == pytest.approx(m["comm_ms"] / m["tpot_ms"])
@@ -116,6 +120,10 @@ def test_report_figures_match_the_runs_they_name(full):
     row = next(line for line in md.splitlines() if line.startswith("| 1 | 1 |")).split("|")
     assert float(row[4]) == pytest.approx(2 * 2 * a2a_us / 1e3, abs=6e-4)
     assert float(row[7]) == pytest.approx(2 * ar_us / 1e3, abs=6e-4)
+    # the all-reduce's busbw at the sweep's largest size, in % of the link's GB/s per direction
+    busbw = {h.step: h.value for h in client.get_metric_history(ar.info.run_id, "busbw_gbps")}
+    link = float(ar.data.params["hardware.link_gbps"])
+    assert m["allreduce_busbw_pct_of_link"] == pytest.approx(busbw[max(busbw)] / link * 100)
     for r in (macro, burst, gemm, profile):
         assert f"#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}" in md
 

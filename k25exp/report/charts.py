@@ -1,0 +1,66 @@
+"""The report's plots (PNG), from each Section's plot data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from k25exp import plots
+from k25exp.report.figures import Section
+
+
+def make_plots(sections: Sequence[Section], folder: Path) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for s in sections:
+        p = s.plot
+        if not p:
+            continue
+        if p["kind"] == "budget" and p["tpot"] and all(v is not None for v in p["parts"].values()):
+            out[s.title] = _budget_plot(folder / "decode_budget.png", p)
+        elif p["kind"] == "ep" and any(v is not None for v in p["ep"]):
+            out[s.title] = plots.sweep(folder / "ep_vs_tp.png", p["x"],
+                                       {"EP: 2 × All-to-All × MoE layers": p["ep"],
+                                        "TP: AllReduce × MoE layers": p["tp"]},
+                                       "concurrency", "ms per decode step",
+                                       "Expert parallelism vs the AllReduce it replaces", logy=True)
+        elif p["kind"] == "spec":
+            out[s.title] = _spec_plot(folder / "spec_projection.png", p)
+        elif p["kind"] == "sweep":
+            out[s.title] = plots.sweep(folder / p["file"], p["x"], p["series"], p["xlabel"],
+                                       p["ylabel"], p["title"])
+    return out
+
+
+def _budget_plot(path: Path, p: dict) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    left = 0.0
+    for i, (name, v) in enumerate(p["parts"].items()):
+        v = max(v, 0.0)
+        ax.barh([0], [v], left=left, color=f"C{i}", label=f"{name} {v:.2f} ms")
+        left += v
+    ax.axvline(p["tpot"], color="black", linestyle="--", label=f"TPOT {p['tpot']:.2f} ms")
+    ax.set(yticks=[], xlabel="ms", title="One decode step at batch 1")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=4)
+    return plots.save(fig, path)
+
+
+def _spec_plot(path: Path, p: dict) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, ys in p["series"].items():
+        ax.plot(p["alphas"], ys, marker=".", label=f"projected, {name}")
+    for i, (label, a, measured, proj) in enumerate(p["points"]):
+        if a is not None and measured is not None:
+            ax.scatter([a], [measured], marker="*", s=140, color=f"C{i + 5}", zorder=3,
+                       label=f"measured, {label}")
+        if a is not None and proj is not None:
+            ax.scatter([a], [proj], marker="x", s=60, color=f"C{i + 5}", zorder=3)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xlabel="per-token acceptance α", ylabel="speedup over batch-1 TPOT",
+           title="Speculative decoding: projected (lines, ×) vs measured (★)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return plots.save(fig, path)

@@ -1,0 +1,45 @@
+"""Collectives against the hardware link: how close the all-reduce gets to the link's rate.
+
+    busbw          the allreduce_sweep run's bus bandwidth at its largest message (nccl-tests:
+                   busbw = algbw × 2(n − 1)/n, algbw = bytes / time; logged as busbw_gbps)
+    link           hardware.link_gbps from the run's params: GB/s per direction per device,
+                   over hardware.interconnect
+    % of link      100 × busbw / link. Only the largest size is compared: small messages are
+                   latency-bound and say nothing about the link's rate
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from k25exp.report import metrics as M
+from k25exp.report.figures import Figure, Section, missing
+from k25exp.report.sources import Campaign, RunView
+
+
+def collectives(c: Campaign) -> Section:
+    sec = Section("Collectives against the link")
+    sec.figures.append(allreduce_link(c, c.latest("allreduce_sweep")))
+    return sec
+
+
+def allreduce_link(c: Campaign, ar: Optional[RunView]) -> Figure:
+    if not ar:
+        return missing(M.ALLREDUCE_LINK, c.why_missing("allreduce_sweep"))
+    busbw = ar.history("busbw_gbps")
+    link = ar.param("hardware.link_gbps", float)
+    world = ar.param("hardware.world_size", int)
+    if not busbw:
+        return missing(M.ALLREDUCE_LINK, f"run {ar.short} has no busbw_gbps", [ar])
+    if not link:
+        return missing(M.ALLREDUCE_LINK, f"run {ar.short} has no hardware.link_gbps", [ar])
+    if world is not None and world < 2:  # 2(n − 1)/n = 0: nothing crosses a link
+        return missing(M.ALLREDUCE_LINK, f"run {ar.short} ran on one rank: an all-reduce there "
+                       "moves nothing over the link", [ar])
+    size = max(busbw)
+    interconnect = ar.param("hardware.interconnect", str, "an unnamed interconnect")
+    backend = ar.param("hardware.backend")
+    return Figure(M.ALLREDUCE_LINK, 100 * busbw[size] / link, [ar],
+                  f"busbw {busbw[size]:.3f} GB/s at {size} B on {world} ranks"
+                  f"{f' ({backend})' if backend else ''} against {link:g} GB/s per direction "
+                  f"per device over {interconnect}")

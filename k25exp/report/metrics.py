@@ -1,0 +1,81 @@
+"""Every metric the report run logs, declared once: its MLflow key beside the label and unit
+people read. A figure takes its key from here, never from its label, so rewording a label
+cannot rename a metric that dashboards, tests and the README rely on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: Optional[str]  # None: a placeholder figure that only ever says what is missing
+    label: str
+    unit: str = ""
+
+
+# decode budget at batch 1
+TPOT = Metric("tpot_ms", "TPOT at batch 1 (macro)", "ms")
+COMM = Metric("comm_ms", "communication per step (NCCL burst)", "ms")
+GEMM = Metric("gemm_ms", "GEMM per step", "ms")
+REST = Metric("rest_ms", "rest (attention, norms, routing, host)", "ms")
+COMM_SHARE_BURST = Metric("comm_share_burst", "communication share (burst / TPOT)", "%")
+COMM_SHARE_PROFILE = Metric("comm_share_profile", "communication share (profile)", "%")
+COMM_SHARE_TRANSPORT = Metric("comm_share_profile_transport",
+                              "communication share (profile transport / TPOT)", "%")
+COMM_SHARE_WAIT = Metric("comm_share_profile_wait", "communication share (profile wait / TPOT)", "%")
+COMM_SHARE_DIFF = Metric("comm_share_diff_pp", "difference (burst − profile transport)", "pp")
+GEMM_SHARE = Metric("gemm_share", "GEMM share (GEMM / TPOT)", "%")
+# the step reconciled, TPOT predicted
+RECONCILED = Metric("reconciled_step_ms", "reconciled step", "ms")
+TPOT_PRED_WORST = Metric("tpot_pred_err_pct_worst", "TPOT prediction error, worst level", "pct")
+# collectives against the link (value in percent, as the key says)
+ALLREDUCE_LINK = Metric("allreduce_busbw_pct_of_link",
+                        "all-reduce bus bandwidth at the largest size / link", "% of link")
+# expert parallelism
+EP_BREAK_EVEN = Metric("ep_break_even_concurrency", "EP break-even concurrency")
+A2A_KNEE = Metric("a2a_knee_tokens_per_gpu", "all-to-all knee", "tokens/GPU")
+# placeholders for a missing source: never a value, never logged
+A2A_SWEEP = Metric(None, "all_to_all sweep")
+AR_SWEEP = Metric(None, "allreduce_sweep sweep")
+SPEC_PROJECTION = Metric(None, "projection")
+SPEC_MEASURED_NONE = Metric(None, "measured speedup")
+
+FIGURES = (TPOT, COMM, GEMM, REST, COMM_SHARE_BURST, COMM_SHARE_PROFILE, COMM_SHARE_TRANSPORT,
+           COMM_SHARE_WAIT, COMM_SHARE_DIFF, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
+           ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, A2A_SWEEP, AR_SWEEP, SPEC_PROJECTION,
+           SPEC_MEASURED_NONE)
+
+# Speculative decoding: one figure per measured setting, keyed by the setting's name (an
+# identifier of the setting, not the figure's label).
+SPEC_MEASURED = "spec_measured_speedup."
+SPEC_PROJECTED = "spec_projected_speedup."
+
+
+def _slug(setting: str) -> str:
+    """'ngram k=3 (self-draft)' → 'ngram_k_3_self_draft'."""
+    slug = "".join(ch if ch.isalnum() else "_" for ch in setting).strip("_")
+    while "__" in slug:
+        slug = slug.replace("__", "_")
+    return slug
+
+
+def spec_measured(setting: str) -> Metric:
+    return Metric(SPEC_MEASURED + _slug(setting), f"measured speedup, {setting}", "×")
+
+
+def spec_projected(setting: str) -> Metric:
+    return Metric(SPEC_PROJECTED + _slug(setting), f"projected speedup, {setting}", "×")
+
+
+# Logged beside the figures by k25exp.runners.report.
+PHASES_MISSING = "phases_missing"
+FIGURES_MISSING = "figures_missing"
+RUNS_REFUSED = "runs_refused"
+TPOT_PRED_ERR_MAX = "tpot_pred_err_pct_max"  # max |error| over the macro levels
+# per macro level (step = concurrency)
+TPOT_PRED_MS = "tpot_pred_ms"
+TPOT_PRED_ERR = "tpot_pred_err_pct"
+# per profiled concurrency (step): the reconciliation's figures under this prefix
+RECON = "recon."

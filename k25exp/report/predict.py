@@ -1,0 +1,101 @@
+"""TPOT predicted at every macro level from the parts the reconciliation measured.
+
+TPOT(c) predicted = micro ms of the collectives (burst_ms at tokens = c), the step's GEMMs
+and MoE layers at c, + what no micro-benchmark covers, from the profiles: attention,
+norm/activation, memory, other, idle/host, the collectives' wait for the last rank (a
+micro-benchmark starts every op after a barrier, so it times transport only) and the host
+time between two steps (the trace's median gap between consecutive decode steps): linear in
+c between profiled concurrencies, the nearest profile's value outside them (said so per
+level). Additivity is assumed: the parts run one after another. The profile's overlap_share
+says how far that is off, and the uncovered parts carry the profiler's own slowdown.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from k25exp.report import metrics as M
+from k25exp.report.figures import Figure, Section, Table, missing
+from k25exp.report.reconcile import UNCOVERED, Micro, engine_tpot
+from k25exp.report.sources import Campaign
+
+
+def predict(c: Campaign, per_c: dict[int, dict[str, float]]
+            ) -> tuple[Section, dict[int, dict[str, float]]]:
+    """TPOT predicted at every macro level; metrics per level (step = concurrency)."""
+    sec = Section("TPOT predicted at every concurrency from the parts")
+    macro = c.latest("macro")
+    micro = Micro(c)
+    out: dict[int, dict[str, float]] = {}
+    if not macro or not per_c:
+        sec.figures.append(missing(M.TPOT_PRED_WORST, "needs a macro run and a profile" if macro
+                                   else c.why_missing("macro")))
+        return sec, out
+    uncovered = {cat: {k: m[f"{cat}_profile_ms"] for k, m in per_c.items() if f"{cat}_profile_ms" in m}
+                 for cat in UNCOVERED}
+    uncovered["comm_wait"] = {k: m["comm_wait_ms"] for k, m in per_c.items() if "comm_wait_ms" in m}
+    uncovered["between_steps"] = {k: m["between_steps_ms"] for k, m in per_c.items()
+                                  if "between_steps_ms" in m}
+    rows = []
+    tpots, tpot_src = engine_tpot(macro)
+    client = macro.history("tpot_ms_p50")
+    for level, tpot in sorted(tpots.items()):
+        parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
+                 "moe": micro.at("moe", level)}
+        notes = [f"{k}: {micro.why.get(k, 'outside the measured range')}" for k, v in parts.items() if v is None]
+        rest, held = 0.0, set()
+        for cat, pts in uncovered.items():
+            v, how = _lerp(pts, level)
+            rest += v or 0.0
+            if how:
+                held.add(how)
+        if held:
+            notes.append("uncovered parts " + ", ".join(sorted(held)))
+        pred = None if any(v is None for v in parts.values()) else sum(parts.values()) + rest
+        row = [level, tpot, client.get(level), pred, parts["comm"], parts["gemm"], parts["moe"], rest]
+        if pred is not None:
+            err = (pred - tpot) / tpot * 100
+            out[level] = {M.TPOT_PRED_MS: pred, M.TPOT_PRED_ERR: err}
+            row.append(err)
+        else:
+            row.append(None)
+        rows.append(row + ["; ".join(notes)])
+    sec.tables.append(Table("Predicted vs measured TPOT (ms)",
+                            ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
+                             "collectives", "GEMMs", "MoE", "uncovered (profile)", "error %", "note"], rows,
+                            "predicted = collectives burst + GEMMs + MoE layers (micro) + attention, "
+                            "norm/activation, memory, other, idle, the collectives' wait and the "
+                            "host time between steps from the profiles; parts assumed additive"))
+    if out:
+        worst = max(out, key=lambda k: abs(out[k][M.TPOT_PRED_ERR]))
+        sec.figures.append(Figure(M.TPOT_PRED_WORST, out[worst][M.TPOT_PRED_ERR],
+                                  [macro] + micro.runs_for("comm")[:1] + micro.runs_for("gemm"),
+                                  f"at concurrency {worst}: predicted "
+                                  f"{out[worst][M.TPOT_PRED_MS]:.3f} ms vs measured "
+                                  f"{tpots[worst]:.3f} ms ({tpot_src})"))
+        sec.plot = {"kind": "sweep", "x": sorted(out), "series": {
+            f"measured TPOT ({tpot_src})": [tpots[k] for k in sorted(out)],
+            "client TPOT p50": [client.get(k) for k in sorted(out)],
+            "predicted": [out[k][M.TPOT_PRED_MS] for k in sorted(out)]},
+            "xlabel": "concurrency", "ylabel": "ms", "title": "TPOT: predicted vs measured",
+            "file": "tpot_predicted_vs_measured.png"}
+    else:
+        sec.figures.append(missing(M.TPOT_PRED_WORST, "no level had every part: " + "; ".join(
+            sorted({r[-1] for r in rows if r[-1]}))[:400]))
+    return sec, out
+
+
+def _lerp(points: dict[int, float], c: int) -> tuple[Optional[float], str]:
+    xs = sorted(points)
+    if not xs:
+        return None, ""
+    if c <= xs[0]:
+        return points[xs[0]], "" if c == xs[0] else f"held at c={xs[0]}"
+    if c >= xs[-1]:
+        return points[xs[-1]], "" if c == xs[-1] else f"held at c={xs[-1]}"
+    hi = next(x for x in xs if x >= c)
+    if hi == c:
+        return points[c], ""
+    lo = max(x for x in xs if x < c)
+    f = (c - lo) / (hi - lo)
+    return points[lo] + f * (points[hi] - points[lo]), ""
