@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from k25exp.gemm.shapes import model_gemm_shapes
-from tests.conftest import ROOT, compose_cfg, run_campaign
+from tests.conftest import ROOT, run_campaign
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
