@@ -316,7 +316,10 @@ class GemmConfig(ExperimentBase):
     device: str = "${hardware.device}"
     flush_l2: bool = True  # CUDA only: 256 MiB zeroed before every timed call
     graph: bool = False  # CUDA only: time a CUDA-graph replay (no launch overhead)
-    threads: Optional[int] = None  # CPU: torch.set_num_threads; null = torch's default
+    # CPU: torch.set_num_threads. Default: the CPUs one TP rank of the CPU-build server gets
+    # (this process's CPUs / hardware.tp), so the GEMMs and the MoE layer are timed on the
+    # threads a rank runs them on; null = torch's default (every core).
+    threads: Optional[int] = "${k25.rank_threads:${hardware.device},${hardware.tp}}"  # type: ignore[assignment]
     seed: int = "${seed}"  # type: ignore[assignment]
     # One MoE layer's routed experts as one fused call (k25exp.gemm.moe) at a batch of c
     # tokens: vLLM's own fused MoE op, and a plain-torch grouped reference. [] skips it.

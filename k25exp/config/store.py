@@ -50,6 +50,17 @@ def first_host(nodelist: str) -> str:
     return m.group(1) + (m.group(2) or "")
 
 
+def rank_threads(device: str, tp: int) -> int | None:
+    """CPU threads one TP rank of a CPU-build server gets (server.cpu_threads_bind=split: an
+    equal block of this process's CPUs each), so a micro-benchmark runs on what a rank has;
+    None on CUDA (torch's default)."""
+    if device != "cpu":
+        return None
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) // max(int(tp), 1))
+
+
 def slurm_master(port: int = 29500) -> str:
     """host:port of node 0 of this SLURM job (for hardware.rdzv_endpoint)."""
     nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
@@ -75,6 +86,7 @@ def register_resolvers() -> None:
         "k25.project_root": lambda: str(project_root()),
         "k25.slurm_master": slurm_master,
         "k25.communicator": default_communicator,
+        "k25.rank_threads": rank_threads,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -73,3 +73,14 @@ def test_paths_are_absolute_from_project_root():
     cfg = compose_cfg("experiment=nccl_burst")
     assert cfg.paths.root == str(project_root())
     assert cfg.paths.outputs.startswith("/")
+
+
+def test_gemm_threads_default_to_what_one_server_rank_gets():
+    import os
+
+    cpu = to_typed(compose_cfg("experiment=gemm"), gpu_count=lambda: 0)
+    assert cpu.hardware.tp == 2 and cpu.experiment.threads == max(1, len(os.sched_getaffinity(0)) // 2)
+    gpu = to_typed(compose_cfg("experiment=gemm", "hardware=h200_x1"), gpu_count=lambda: 1)
+    assert gpu.experiment.threads is None  # torch's default on CUDA
+    assert to_typed(compose_cfg("experiment=gemm", "experiment.threads=null"),
+                    gpu_count=lambda: 0).experiment.threads is None
