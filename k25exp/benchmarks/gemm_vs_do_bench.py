@@ -34,7 +34,7 @@ def main() -> None:
         fn = torch_bf16().prepare(random_weight(n, k, seed=0, device=dev), None)
         for m in a.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            ours = time_cuda(fn, x, warmup=10, iters=a.iters, flush_l2=True).median_us
+            ours = time_cuda(fn, x, warmup=10, calls=a.iters, flush_l2=True).median_us
             # do_bench takes warm-up and repetition in milliseconds.
             theirs = triton.testing.do_bench(lambda: fn(x), warmup=25, rep=100, return_mode="median") * 1e3
             print(f"  {name:>16} {m:>5} {ours:>10.2f} {theirs:>12.2f} {100 * (ours - theirs) / theirs:>8.1f}")

@@ -183,11 +183,15 @@ _V = "k25exp.config.validate."
 
 @dataclass
 class ExperimentBase(Registered):
-    """Fields every experiment has (the debug group sets them, whatever the experiment)."""
+    """Fields every experiment has (debug=quick sets them, whatever the experiment).
+
+    Counts are named for what they count, one name per meaning: `warmup` untimed units
+    before timing starts, `bursts` timed bursts (collectives), `ops_per_burst` ops queued in
+    one burst, `calls` timed kernel calls (gemm), `requests` requests (serving).
+    """
 
     name: str = MISSING
-    warmup: int = 5
-    iters: int = 20
+    warmup: int = 5  # untimed units (ops, calls, requests) before anything is timed
     # Measure only the first N sweep points (the debug group uses it); null = all.
     limit_points: Optional[int] = None
 
@@ -197,6 +201,8 @@ class CollectiveExperiment(ExperimentBase):
     """Fields every collective experiment shares."""
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_collective",)
+
+    bursts: int = 3  # timed bursts per point (queued: each burst timed as a whole)
 
     dtype: str = "${model.dtype}"
     check: bool = True
@@ -226,6 +232,7 @@ class NcclBurstConfig(CollectiveExperiment):
 
     name: str = "nccl_burst"
     _target_: str = "k25exp.runners.nccl_burst.run"
+    bursts: int = 20  # timed repetitions of the step's burst
     tokens: int = 1  # tokens in the batch: the message is hidden × dtype bytes × tokens
     message_bytes: int = MISSING  # interpolated: the per-layer all-reduce
     # null: the decode step's collectives as vLLM runs them at TP = world size (embedding
@@ -251,7 +258,7 @@ class AllReduceSweepConfig(CollectiveExperiment):
     min_bytes: int = 8
     max_bytes: int = 256 * 1024 * 1024
     factor: int = 2
-    repeats: int = 3  # timed bursts of `iters` queued ops per size
+    ops_per_burst: int = 20  # all-reduces queued back to back in one timed burst
 
 
 @experiment
@@ -267,7 +274,7 @@ class AllToAllConfig(CollectiveExperiment):
     tokens_per_gpu: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     top_k: int = "${model.num_experts_per_tok}"  # type: ignore[assignment]
     hidden_size: int = "${model.hidden_size}"  # type: ignore[assignment]
-    repeats: int = 3
+    ops_per_burst: int = 20  # all-to-alls queued back to back in one timed burst
     # Knee: smallest tokens/GPU whose latency exceeds knee_factor × the flat baseline, the
     # median latency of the first knee_baseline_points points.
     knee_factor: float = 1.5
@@ -292,7 +299,7 @@ class GemmConfig(ExperimentBase):
     name: str = "gemm"
     _target_: str = "k25exp.runners.gemm.run"
     warmup: int = 3
-    iters: int = 10
+    calls: int = 10  # timed calls per (shape, kernel, M)
     # Names from the model's GEMMs (k25exp.gemm.shapes), or ["all"].
     shapes: List[str] = field(default_factory=lambda: ["expert_gate_up", "expert_down"])
     include_lm_head: bool = True  # when shapes = ["all"]
@@ -406,7 +413,7 @@ class MacroConfig(Registered):
     concurrency: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
     # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
     # or, when duration_s is set, as many as the level's workers start in that time.
-    iters: Optional[int] = None
+    requests: Optional[int] = None
     rounds: int = 4
     min_requests: int = 8
     duration_s: Optional[float] = None
@@ -474,7 +481,7 @@ class SpecDecodeConfig(MacroConfig):
 class ProfileConfig(ExperimentBase):
     """Phase 3: a torch.profiler capture of the live server's decode, broken down by kernel.
 
-    warmup = requests before the profile window; iters = decode requests inside it;
+    warmup = requests before the profile window; requests = decode requests inside it;
     limit_points = analyse only the first N decode steps of each rank.
     """
 
@@ -486,7 +493,7 @@ class ProfileConfig(ExperimentBase):
     name: str = "profile"
     _target_: str = "k25exp.runners.profile.run"
     warmup: int = 2
-    iters: int = 4
+    requests: int = 4
     concurrency: int = 1  # the batch being profiled (at least this many requests are sent)
     input_tokens: int = 32
     output_tokens: int = 32

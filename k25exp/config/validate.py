@@ -99,7 +99,7 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
 def check_collective(c: K25Config, p: list[str]) -> None:
     exp: CollectiveExperiment = c.experiment
     hw = c.hardware
-    _positive(exp, "experiment", ["iters", "pg_timeout_s"], p)
+    _positive(exp, "experiment", ["bursts", "pg_timeout_s"], p)
     if exp.wall_limit_s is not None and exp.wall_limit_s <= 0:
         p.append(f"experiment.wall_limit_s={exp.wall_limit_s}: expected > 0 seconds or null (no limit)")
     _non_negative(exp, "experiment", ["warmup"], p)
@@ -152,7 +152,7 @@ def check_nccl_burst(c: K25Config, p: list[str]) -> None:
 
 def check_allreduce_sweep(c: K25Config, p: list[str]) -> None:
     exp: AllReduceSweepConfig = c.experiment
-    _positive(exp, "experiment", ["min_bytes", "max_bytes", "repeats"], p)
+    _positive(exp, "experiment", ["min_bytes", "max_bytes", "ops_per_burst"], p)
     if exp.factor < 2:
         p.append(f"experiment.factor={exp.factor}: expected an integer >= 2")
     if exp.min_bytes > exp.max_bytes:
@@ -162,7 +162,7 @@ def check_allreduce_sweep(c: K25Config, p: list[str]) -> None:
 def check_all_to_all(c: K25Config, p: list[str]) -> None:
     exp: AllToAllConfig = c.experiment
     hw = c.hardware
-    _positive(exp, "experiment", ["top_k", "hidden_size", "repeats", "knee_factor",
+    _positive(exp, "experiment", ["top_k", "hidden_size", "ops_per_burst", "knee_factor",
                                   "knee_baseline_points"], p)
     if not exp.tokens_per_gpu:
         p.append("experiment.tokens_per_gpu=[]: expected at least one value")
@@ -179,7 +179,7 @@ def check_gemm(c: K25Config, p: list[str]) -> None:
     from k25exp.gemm.shapes import model_gemm_shapes  # torch-free, cheap
 
     exp: GemmConfig = c.experiment
-    _positive(exp, "experiment", ["iters", "tp", "rtol"], p)
+    _positive(exp, "experiment", ["calls", "tp", "rtol"], p)
     _non_negative(exp, "experiment", ["warmup"], p)
     if exp.device not in ("cpu", "cuda"):
         p.append(f"experiment.device={exp.device!r}: expected 'cpu' or 'cuda'")
@@ -247,7 +247,7 @@ def check_macro(c: K25Config, p: list[str]) -> None:
                  "positive integers")
     elif len(set(exp.concurrency)) != len(exp.concurrency):
         p.append(f"experiment.concurrency={exp.concurrency}: levels must be distinct (each is a step)")
-    for key in ("iters", "limit_points"):
+    for key in ("requests", "limit_points"):
         v = getattr(exp, key)
         if v is not None and v <= 0:
             p.append(f"experiment.{key}={v}: expected a positive number or null")
@@ -329,7 +329,7 @@ def check_report(c: K25Config, p: list[str]) -> None:
 
 def check_profile(c: K25Config, p: list[str]) -> None:
     exp: ProfileConfig = c.experiment
-    _positive(exp, "experiment", ["iters", "concurrency", "input_tokens", "stop_timeout_s",
+    _positive(exp, "experiment", ["requests", "concurrency", "input_tokens", "stop_timeout_s",
                                   "top_kernels"], p)
     _non_negative(exp, "experiment", ["warmup"], p)
     if exp.output_tokens < 2:

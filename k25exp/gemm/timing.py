@@ -46,30 +46,30 @@ class Timing:
         return sum(self.samples_us) / len(self.samples_us)
 
 
-def _check_counts(warmup: int, iters: int) -> None:
-    if warmup < 0 or iters < 1:
-        raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup} iters={iters}")
+def _check_counts(warmup: int, calls: int) -> None:
+    if warmup < 0 or calls < 1:
+        raise ValueError(f"need warmup >= 0 and calls >= 1, got warmup={warmup} calls={calls}")
 
 
-def time_cpu(fn: Callable[[Tensor], Tensor], x: Tensor, warmup: int, iters: int) -> Timing:
+def time_cpu(fn: Callable[[Tensor], Tensor], x: Tensor, warmup: int, calls: int) -> Timing:
     """Wall-clock time of each call (time.perf_counter_ns). CPU ops are synchronous, so the
     call's return is the work's end. Caches are not flushed: report it as warm-cache time."""
-    _check_counts(warmup, iters)
+    _check_counts(warmup, calls)
     for _ in range(warmup):
         fn(x)
     samples = []
-    for _ in range(iters):
+    for _ in range(calls):
         t0 = time.perf_counter_ns()
         fn(x)
         samples.append((time.perf_counter_ns() - t0) / 1e3)
     return Timing(samples, {
         "timer": "perf_counter_ns", "device": "cpu", "threads": torch.get_num_threads(),
-        "warmup": warmup, "iters": iters, "mode": "eager", "flush_l2": False,
+        "warmup": warmup, "calls": calls, "mode": "eager", "flush_l2": False,
     })
 
 
 def time_cuda(
-    fn: Callable[[Tensor], Tensor], x: Tensor, warmup: int, iters: int,
+    fn: Callable[[Tensor], Tensor], x: Tensor, warmup: int, calls: int,
     flush_l2: bool = True, graph: bool = False,
 ) -> Timing:
     """GPU time of each call between two CUDA events on the current stream.
@@ -80,7 +80,7 @@ def time_cuda(
     host's launch cost out; eager timing includes a launch gap only where the host falls
     behind the GPU (the flush before each call usually gives the host that head start).
     """
-    _check_counts(warmup, iters)
+    _check_counts(warmup, calls)
     device = x.device
     if device.type != "cuda":
         raise ValueError(f"time_cuda needs a CUDA tensor, got one on {device}")
@@ -105,10 +105,10 @@ def time_cuda(
 
     for _ in range(warmup):
         call()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     torch.cuda.synchronize(device)
-    for i in range(iters):
+    for i in range(calls):
         if flush is not None:
             flush.zero_()
         starts[i].record()
@@ -118,7 +118,7 @@ def time_cuda(
     samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]  # ms -> us
     return Timing(samples, {
         "timer": "cuda_event", "device": torch.cuda.get_device_name(device),
-        "warmup": warmup, "iters": iters, "mode": "graph" if graph else "eager",
+        "warmup": warmup, "calls": calls, "mode": "graph" if graph else "eager",
         "flush_l2": flush_l2, "flush_bytes": L2_FLUSH_BYTES if flush_l2 else 0,
     })
 

@@ -29,8 +29,8 @@ def send_numel(tokens: int, top_k: int, hidden: int) -> int:
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: AllToAllConfig = cfg.experiment
     world = cfg.hardware.world_size
-    points = [Point(label=t, numel=send_numel(t, exp.top_k, exp.hidden_size), burst=exp.iters,
-                    reps=exp.repeats, blocking_iters=exp.iters)
+    points = [Point(label=t, numel=send_numel(t, exp.top_k, exp.hidden_size), burst=exp.ops_per_burst,
+                    reps=exp.bursts, blocking_iters=exp.ops_per_burst)
               for t in exp.tokens_per_gpu]
     spec = make_spec(cfg, "all_to_all", points)
     files, outcome = measure(cfg, spec, out, rec)

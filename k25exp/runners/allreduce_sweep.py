@@ -34,8 +34,8 @@ def sizes(min_bytes: int, max_bytes: int, factor: int, elem: int) -> list[int]:
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: AllReduceSweepConfig = cfg.experiment
     world, elem = cfg.hardware.world_size, dtype_bytes(exp.dtype)
-    points = [Point(label=b, numel=b // elem, burst=exp.iters, reps=exp.repeats,
-                    blocking_iters=exp.iters)
+    points = [Point(label=b, numel=b // elem, burst=exp.ops_per_burst, reps=exp.bursts,
+                    blocking_iters=exp.ops_per_burst)
               for b in sizes(exp.min_bytes, exp.max_bytes, exp.factor, elem)]
     spec = make_spec(cfg, "all_reduce", points)
     files, outcome = measure(cfg, spec, out, rec)
@@ -66,6 +66,6 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     "message size (B)", "time per op (µs)", title, logy=True)
     finish(out, COLUMNS, rows,
            f"allreduce_sweep: {exp.dtype}, {world} ranks, {cfg.hardware.backend}; "
-           f"time = {exp.iters} queued ops / {exp.iters}, median of {exp.repeats}",
+           f"time = {exp.ops_per_burst} queued ops / {exp.ops_per_burst}, median of {exp.bursts} bursts",
            spec, files, outcome)
     return summary

@@ -127,7 +127,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                         rows.append(Row(label, shape.n, shape.k, name, m, "failed", max_rel_err=err, note=msg))
                         rec.log_metrics({f"{label}/{name}/max_rel_err": err}, step=m)
                         continue
-                    t = time_fn(fn, x, device, warmup=exp.warmup, iters=exp.iters,
+                    t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls,
                                 flush_l2=exp.flush_l2, graph=exp.graph)
                     if not method_logged:
                         rec.set_tags({f"timing.{k}": str(v) for k, v in t.method.items() if k != "device"})
@@ -198,7 +198,7 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
                 failures.append(msg)
                 rows.append(Row(label, 2 * inter, m.hidden_size, name, c, "failed", max_rel_err=err, note=msg))
                 continue
-            t = time_fn(fn, x, device, warmup=exp.warmup, iters=exp.iters, flush_l2=exp.flush_l2,
+            t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls, flush_l2=exp.flush_l2,
                         graph=exp.graph and name != "reference_grouped_moe")  # data-dependent loop
             lat = t.median_us
             flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
@@ -233,7 +233,7 @@ def _write_tables(out: Path, rows: list[Row], cfg: K25Config) -> None:
              r.gbps, r.roofline_pct, r.speedup_vs_bf16, r.max_rel_err] for r in rows]
     text = tables.write(out / "results", COLUMNS, data,
                         f"gemm: {cfg.model.name} on {cfg.hardware.name} ({exp.device}); median of "
-                        f"{exp.iters} calls after {exp.warmup} warm-up; roofline vs "
+                        f"{exp.calls} calls after {exp.warmup} warm-up; roofline vs "
                         f"{cfg.hardware.mem_bandwidth_gbps:g} GB/s, {cfg.hardware.peak_bf16_tflops:g} TFLOP/s")
     notes = sorted({f"{r.kernel} on {r.shape}: {r.status}: {r.note}" for r in rows if r.note})
     if notes:

@@ -83,8 +83,8 @@ def _level_metric(key: str) -> bool:
 
 
 def requests_for(exp: MacroConfig, c: int) -> int:
-    if exp.iters is not None:
-        return exp.iters
+    if exp.requests is not None:
+        return exp.requests
     return max(exp.min_requests, exp.rounds * c)
 
 

@@ -51,7 +51,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     world = cfg.hardware.world_size
     ops = step_ops(cfg)
     point = Point(label=exp.tokens, numel=exp.message_bytes // dtype_bytes(exp.dtype),
-                  burst=len(ops), reps=exp.iters, blocking_iters=exp.iters * len(ops),
+                  burst=len(ops), reps=exp.bursts, blocking_iters=exp.bursts * len(ops),
                   sequence=[[o.op, o.numel] for o in ops])
     spec = make_spec(cfg, "step", [point])
     step = {"ops_per_step": len(ops), "bytes_per_step": sum(o.nbytes for o in ops)}

@@ -2,7 +2,7 @@
 
 The server must run with vLLM's --profiler-config (conf/experiment/profile.yaml sets it; the
 server manager restarts a running server only if its settings differ). Steps:
-warm-up requests (outside the window) → POST /start_profile → `iters` decode requests at
+warm-up requests (outside the window) → POST /start_profile → `requests` decode requests at
 `concurrency` → POST /stop_profile (blocks while every rank flushes) → every trace written
 since the window opened is copied into the run (traces/) and analysed (k25exp.traces).
 The requests' latencies are recorded (requests.jsonl) but never logged as figures: the
@@ -116,7 +116,7 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path) -> tuple[float, 
             await _post(http, "/start_profile", 60.0)
             w0 = time.perf_counter()
             res = await run_level(client, prompt, phase="profiled", level=exp.concurrency,
-                                  n_requests=max(exp.iters, exp.concurrency), **common)
+                                  n_requests=max(exp.requests, exp.concurrency), **common)
             window_s = time.perf_counter() - w0
             s0 = time.perf_counter()
             await _post(http, "/stop_profile", exp.stop_timeout_s)

@@ -53,7 +53,7 @@ def test_tp_must_divide_world_size():
 
 @pytest.mark.parametrize("override,key", [
     ("experiment.tokens=0", "experiment.tokens=0"),
-    ("experiment.iters=-1", "experiment.iters=-1"),
+    ("experiment.bursts=-1", "experiment.bursts=-1"),
     ("experiment.ops_per_step=0", "experiment.ops_per_step=0"),
     ("hardware.nproc_per_node=0", "hardware.nproc_per_node=0"),
 ])

@@ -53,7 +53,7 @@ def test_gemm_runner_times_the_moe_layer_per_batch(tmp_path):
 
     cfg = to_typed(compose_cfg("experiment=gemm", "model=tiny_kimi", "experiment.shapes=[expert_down]",
                                "experiment.m_values=[1]", "experiment.moe_batches=[1,8]",
-                               "experiment.iters=3", "experiment.kernels=[torch_bf16]"),
+                               "experiment.calls=3", "experiment.kernels=[torch_bf16]"),
                    gpu_count=lambda: 0)
     rec = MemoryRecorder()
     runner_for(cfg.experiment)(cfg, tmp_path, rec)
@@ -74,7 +74,7 @@ def test_a_layer_too_big_for_the_budget_is_skipped_with_its_size(tmp_path):
     from tests.conftest import compose_cfg
 
     cfg = to_typed(compose_cfg("experiment=gemm", "experiment.shapes=[expert_down]",
-                               "experiment.m_values=[1]", "experiment.iters=2",
+                               "experiment.m_values=[1]", "experiment.calls=2",
                                "experiment.kernels=[torch_bf16]"), gpu_count=lambda: 0)
     rec = MemoryRecorder()
     runner_for(cfg.experiment)(cfg, tmp_path, rec)

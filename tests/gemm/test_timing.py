@@ -23,26 +23,26 @@ def gemm():
 
 def test_time_cpu():
     fn, x = gemm()
-    t = time_cpu(fn, x, warmup=2, iters=9)
+    t = time_cpu(fn, x, warmup=2, calls=9)
     assert len(t.samples_us) == 9 and all(s > 0 for s in t.samples_us)
     assert min(t.samples_us) <= t.median_us <= t.p90_us <= max(t.samples_us)
     assert t.method["timer"] == "perf_counter_ns"
     assert t.method["threads"] == torch.get_num_threads()
-    assert (t.method["warmup"], t.method["iters"]) == (2, 9)
+    assert (t.method["warmup"], t.method["calls"]) == (2, 9)
     assert t.method["flush_l2"] is False
 
 
 def test_time_fn_dispatch_cpu():
     fn, x = gemm()
-    t = time_fn(fn, x, "cpu", warmup=0, iters=3, flush_l2=True)
+    t = time_fn(fn, x, "cpu", warmup=0, calls=3, flush_l2=True)
     assert len(t.samples_us) == 3 and t.method["device"] == "cpu" and t.method["flush_l2"] is False
-    assert len(time_fn(fn, x, warmup=1, iters=2).samples_us) == 2  # device from x
+    assert len(time_fn(fn, x, warmup=1, calls=2).samples_us) == 2  # device from x
     with pytest.raises(ValueError, match="CUDA"):
-        time_fn(fn, x, "cpu", warmup=0, iters=1, graph=True)
-    with pytest.raises(ValueError, match="iters"):
-        time_cpu(fn, x, warmup=0, iters=0)
+        time_fn(fn, x, "cpu", warmup=0, calls=1, graph=True)
+    with pytest.raises(ValueError, match="calls"):
+        time_cpu(fn, x, warmup=0, calls=0)
     with pytest.raises(ValueError, match="CUDA tensor"):
-        time_cuda(fn, x, warmup=0, iters=1)
+        time_cuda(fn, x, warmup=0, calls=1)
 
 
 @pytest.mark.cuda
@@ -51,7 +51,7 @@ def test_time_cuda(graph):
     w = random_weight(4096, 7168, seed=0, device="cuda")
     fn = torch_bf16().prepare(w, None)
     x = torch.randn(16, 7168, device="cuda").to(torch.bfloat16)
-    t = time_fn(fn, x, "cuda", warmup=3, iters=20, graph=graph)
+    t = time_fn(fn, x, "cuda", warmup=3, calls=20, graph=graph)
     assert len(t.samples_us) == 20 and all(s > 0 for s in t.samples_us)
     assert t.method["timer"] == "cuda_event" and t.method["mode"] == ("graph" if graph else "eager")
     assert t.method["flush_l2"] is True and t.method["flush_bytes"] == 256 * 2**20

@@ -85,7 +85,7 @@ def test_sizes_round_to_whole_elements():
 
 def test_all_to_all_knee_and_per_token_figures(tmp_path):
     cfg, rec, summary = run(tmp_path, "experiment=all_to_all", "experiment.warmup=1",
-                            "experiment.iters=3", "experiment.repeats=2",
+                            "experiment.ops_per_burst=3", "experiment.bursts=2",
                             "experiment.tokens_per_gpu=[1,2,4,8,64]", "model=tiny_kimi")
     lat = rec.latest("a2a_us")
     assert sorted(lat) == [1, 2, 4, 8, 64]

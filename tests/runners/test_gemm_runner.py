@@ -12,7 +12,7 @@ from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
 
 SMALL = ["experiment=gemm", "experiment.shapes=[]", "+experiment.extra_shapes.small={n: 256, k: 512}",
-         "experiment.m_values=[1,8]", "experiment.moe_concurrency=[]", "experiment.moe_kernels=[]", "experiment.iters=3",
+         "experiment.m_values=[1,8]", "experiment.moe_concurrency=[]", "experiment.moe_kernels=[]", "experiment.calls=3",
          "experiment.warmup=1"]
 
 
@@ -81,7 +81,7 @@ def test_bad_gemm_configs(override, msg):
 
 def test_gemm_sweep_over_kernels_gives_children(k25):
     r = k25("-m", "experiment=gemm", "experiment.kernels=choice([torch_bf16],[torch_int4])",
-            "experiment.m_values=[1,4]", "experiment.moe_concurrency=[1]", "experiment.iters=3",
+            "experiment.m_values=[1,4]", "experiment.moe_concurrency=[1]", "experiment.calls=3",
             "experiment.shapes=[expert_down]")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = r.runs()
@@ -101,7 +101,7 @@ def test_bad_extra_shape():
 
 def test_unquantized_model_skips_w4a16_kernels_saying_why(tmp_path):
     cfg = typed("experiment=gemm", "model=tiny_kimi", "experiment.m_values=[1]",
-                "experiment.moe_concurrency=[]", "experiment.iters=2", "experiment.warmup=0",
+                "experiment.moe_concurrency=[]", "experiment.calls=2", "experiment.warmup=0",
                 "experiment.shapes=[expert_down]")
     rec = MemoryRecorder()
     run(cfg, tmp_path, rec)

@@ -32,7 +32,7 @@ def profiled(campaign_full):
     runs = [r for r in campaign_full.runs if r.data.tags.get("k25exp.experiment") == "profile"
             and r.data.params.get("experiment.concurrency") == "1"]
     (run,) = runs
-    requests = max(int(run.data.params["experiment.iters"]), 1)
+    requests = max(int(run.data.params["experiment.requests"]), 1)
     return (run.data.metrics, Logged(campaign_full.client, run), Path(run.data.tags["k25exp.output_dir"]),
             requests)
 
