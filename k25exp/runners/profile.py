@@ -39,7 +39,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ProfileConfig = cfg.experiment
     logging.getLogger("httpx").setLevel(logging.WARNING)
     trace_dir = _trace_dir(cfg)
-    conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device)
+    conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
+                   redact=cfg.tracking.redact)
     record_server(cfg, conn, rec)
     rec.set_tags({"profile.note": "latencies under the profiler are not performance figures "
                   "and are not logged; see experiment=macro",
