@@ -365,6 +365,10 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
         _check_spec_decode(c, problems)
     if isinstance(c.experiment, ProfileConfig):
         _check_profile(c, problems)
+    if isinstance(c.experiment, (MacroConfig, ProfileConfig)):
+        from k25exp.serving.dev_endpoints import dev_endpoint_problems
+
+        problems += dev_endpoint_problems(c.server, c.experiment)
     if isinstance(c.experiment, ReportConfig):
         _check_report(c, problems)
     if isinstance(c.experiment, TraceBreakdownConfig):
