@@ -11,7 +11,8 @@
 For process-lifecycle tests it also plays a vLLM server's other routes (tests/serving/
 fake_vllm_server.py runs it as one): `model` names the served model, `api_key` protects /v1/*
 as vLLM does, /metrics gives vLLM's latency histograms (sum and count) over what it served,
-/reset_prefix_cache answers only in dev mode, /version; `misbehave=False` ignores the prompt.
+/reset_prefix_cache answers only in dev mode, /version; `misbehave=False` ignores the prompt;
+`stagger` streams every other completion at half speed (requests sent together end apart).
 
 It records when it wrote each token chunk (`writes`, perf_counter seconds, one list per
 completion request in arrival order), so a test knows the timing the client should measure.
@@ -46,11 +47,12 @@ class StubServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, gap_s: float = 0.0,
                  hold_s: float = 0.5, ttft_s: float = 0.0, model: str = "stub",
                  api_key: Optional[str] = None, dev_mode: bool = True, misbehave: bool = True,
-                 metrics_html: bool = False):
+                 metrics_html: bool = False, stagger: bool = False):
         self.host, self.port, self.gap_s, self.hold_s = host, port, gap_s, hold_s
         self.ttft_s = ttft_s  # a "prefill": pause between the response headers and token 1
         self.model, self.api_key, self.dev_mode = model, api_key, dev_mode
         self.misbehave, self.metrics_html = misbehave, metrics_html
+        self.stagger = stagger  # every other completion at half speed: concurrent ones end apart
         self.served = {"ttft": [0.0, 0], "tpot": [0.0, 0], "e2e": [0.0, 0]}  # [sum s, count]
         self.requests = 0
         self.writes: list[list[float]] = []
@@ -153,6 +155,7 @@ class StubServer:
                      b"transfer-encoding: chunked\r\n\r\n")
         pt = len(prompt.split())
         writes: list[float] = []
+        gap_s = self.gap_s * (2 if self.stagger and len(self.writes) % 2 else 1)
         self.writes.append(writes)
 
         def token(i: int) -> bytes:
@@ -187,8 +190,8 @@ class StubServer:
                 writer.write(data)
                 i += 1
             await writer.drain()  # raises once the client has gone
-            if self.gap_s and i < n:
-                await asyncio.sleep(self.gap_s)
+            if gap_s and i < n:
+                await asyncio.sleep(gap_s)
         writer.write(_chunk({"choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": n,
                                                       "total_tokens": pt + n}}))
         writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
