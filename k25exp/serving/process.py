@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from k25exp.redact import scrub
 from k25exp.serving.answers import model_ids
 from k25exp.serving.errors import PortInUse, ServerError, ServerStartError
 from k25exp.serving.launch import LaunchSpec, auth_headers
+from k25exp.serving.ports import free_port, listeners, port_owner
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +37,6 @@ LOG_TAIL_LINES = 40
 STARTUP_STOP_GRACE_S = 3.0
 FREE_PORT_TRIES = 5  # server.port=0: ports picked, then taken by someone else before the bind
 _IN_USE = re.compile(r"address already in use", re.I)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_owner(port: int) -> str:
-    """'pid 123 (cmdline)' of whatever listens on `port`, best effort ('' if unknown)."""
-    try:
-        for c in psutil.net_connections(kind="tcp"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                return f"pid {c.pid} ({' '.join(psutil.Process(c.pid).cmdline())[:160]})"
-    except (psutil.Error, OSError):
-        pass
-    return ""
 
 
 def _live(p: psutil.Process) -> bool:
@@ -172,6 +155,9 @@ class ManagedServer:
                 if self.proc.poll() is not None:
                     raise self._exited_error()
                 self.remember_tree()
+                owners = listeners(self.port)
+                if owners and not owners & self.pids():
+                    return False  # someone else's port: never ask them; ours will exit (in use)
                 if c.get("/health").status_code != 200:
                     return False
                 r = c.get("/v1/models")

@@ -99,6 +99,18 @@ def test_port_in_use_is_a_clear_error_naming_the_port(fake, tmp_path):
     assert vllm_processes(marks=FAKE_MARKS) == before
 
 
+def test_a_port_another_server_answers_on_is_in_use_not_ours(fake, tmp_path):
+    """The port's owner answers /health and /v1/models as ours would: the start must not
+    take it for its own server (no check-then-bind, but the listener's pid is checked)."""
+    running = fake["conn"].managed
+    spec = replace(running.spec, port=running.port, log_dir=tmp_path)
+    srv = server.ManagedServer(spec)
+    with pytest.raises(server.PortInUse, match=rf"port {running.port} on 127.0.0.1 is already in "
+                       rf"use by pid {running.pid} \(.*fake_vllm_server"):
+        srv.start()
+    assert not srv.pids() and running.alive()
+
+
 def test_missing_model_path_is_a_clear_error():
     cfg = typed("experiment=macro", "server.model_path=/nonexistent/ckpt")
     with pytest.raises(server.ServerStartError, match="server.model_path=/nonexistent/ckpt does not exist"):
