@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import orjson
 import pytest
