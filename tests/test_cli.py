@@ -7,10 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
+from k25exp.poll import wait_until
 from tests.conftest import ROOT
 
 
@@ -27,16 +27,11 @@ def test_ui_serves_the_store(tmp_path):
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
-        deadline, ok = time.monotonic() + 90, False
-        while time.monotonic() < deadline and p.poll() is None:
-            try:
-                ok = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                break
-            time.sleep(0.5)
-        assert ok, "MLflow UI did not answer /health"
+        def up() -> bool:
+            assert p.poll() is None, "MLflow UI exited"
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+
+        wait_until(up, 90, 0.5, "MLflow UI answering /health", retry_on=(httpx.HTTPError,))
         r = httpx.get(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10", timeout=10)
         assert r.status_code == 200 and "experiments" in r.json()
     finally:

@@ -400,7 +400,7 @@ class MacroFaultConfig:
 class MacroConfig(Registered):
     """Phase 1: single-stream TPOT and throughput vs concurrency over the HTTP API."""
 
-    checks: ClassVar[tuple[str, ...]] = (_V + "check_macro",)
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_macro", _V + "check_dev_endpoints")
     campaign_order: ClassVar[Optional[int]] = 5
 
     name: str = "macro"
@@ -485,7 +485,7 @@ class ProfileConfig(ExperimentBase):
     limit_points = analyse only the first N decode steps of each rank.
     """
 
-    checks: ClassVar[tuple[str, ...]] = (_V + "check_profile",)
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_profile", _V + "check_dev_endpoints")
     campaign_order: ClassVar[Optional[int]] = 6
     # spans the macro sweep; one server start (reused across the levels)
     campaign_sweep: ClassVar[str] = "experiment.concurrency=1,8,32"

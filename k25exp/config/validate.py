@@ -346,6 +346,13 @@ def check_profile(c: K25Config, p: list[str]) -> None:
                  "server's --profiler-config writes traces, readable from here)")
 
 
+def check_dev_endpoints(c: K25Config, p: list[str]) -> None:
+    """vLLM's dev endpoints answer without the API key: loopback only, unless opted in."""
+    from k25exp.serving.dev_endpoints import dev_endpoint_problems
+
+    p += dev_endpoint_problems(c.server, c.experiment)
+
+
 def check_trace_breakdown(c: K25Config, p: list[str]) -> None:
     exp: TraceBreakdownConfig = c.experiment
     if not exp.paths:

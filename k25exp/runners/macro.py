@@ -6,8 +6,9 @@ Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer'
   2. single stream: `single_stream_requests` one at a time → single_stream_* figures
      (single_stream_valid = 0 when the client lagged, as for a level);
   3. sweep: for each concurrency C a closed loop of C workers → figures at step C.
-The prefix cache is reset before phases 2 and 3 and before every level, so no level reuses
-another's prompts' KV. Each phase is flagged invalid when the client lagged or when
+With experiment.reset_prefix_cache (a dev endpoint: loopback servers only, unless opted in),
+the prefix cache is reset before phase 2 and before every level, so no level reuses another's
+prompts' KV; the tag `prefix_cache` says what actually happened. Each phase is flagged invalid when the client lagged or when
 tokens reached it late in a burst (a delivery stall, k25exp.serving.stalls); its figures are
 logged all the same, with the TPOT of the requests no stall touched beside them. Figure definitions: k25exp.serving.figures and .server_metrics.
 
@@ -31,13 +32,17 @@ import orjson
 
 from k25exp import plots, tables
 from k25exp.config.schema import K25Config, MacroConfig
+from k25exp.poll import PollTimeout, await_until
 from k25exp.serving import server_metrics
+from k25exp.serving.answers import json_body, refuse_html, what_came_back
 from k25exp.serving.client import CompletionClient, run_level
 from k25exp.serving.figures import (describe_invalid, invalid_reason, level_figures, saturation,
                                     tpot_gap_pct)
 from k25exp.serving.stalls import StallRule
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
-from k25exp.serving.server import Connection, ServerDied, ServerError, connect, release
+from k25exp.serving.endpoint import Connection, connect
+from k25exp.serving.errors import BadAnswer, ServerDied, ServerError
+from k25exp.serving.registry import release
 from k25exp.runners.server_run import copy_server_log, record_server
 from k25exp.tracking.recorder import Recorder
 
@@ -94,7 +99,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     generated: list[Path] = []
     try:
         conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
-                       on_generate=generated.append)
+                       on_generate=generated.append, redact=cfg.tracking.redact)
     except ServerError as e:
         rec.log_metrics({"server_starts": 0})
         log_path = getattr(e, "log_path", None)
@@ -116,35 +121,50 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         copy_server_log(conn, out)
 
 
+class _NotReset(Exception):
+    pass
+
+
 async def _reset_prefix_cache(http: httpx.AsyncClient, state: dict) -> None:
+    """POST /reset_prefix_cache, retried while vLLM answers success=false (blocks still held);
+    `state` keeps whether it worked and why not (a server without dev mode: no more tries)."""
     if state.get("reset") is False:
         return
-    for _ in range(10):
-        try:
-            r = await http.post("/reset_prefix_cache")
-        except httpx.HTTPError as e:
-            state.update(reset=False, why=f"{type(e).__name__}: {e}")
-            return
+
+    async def reset() -> bool:
+        r = await http.post("/reset_prefix_cache")
         if r.status_code != 200:
-            state.update(reset=False, why=f"HTTP {r.status_code} (vLLM needs VLLM_SERVER_DEV_MODE=1)")
-            return
-        try:
-            if r.json().get("success", True):
-                state["reset"] = True
-                return
-        except ValueError:
-            state["reset"] = True
-            return
-        await asyncio.sleep(0.2)  # blocks still held: retry
-    state.update(reset=False, why="the server kept answering success=false")
+            raise _NotReset(f"HTTP {r.status_code} (vLLM needs VLLM_SERVER_DEV_MODE=1)")
+        refuse_html(r, "vLLM's JSON {'success': bool}")
+        if not r.content.strip():
+            return True  # older vLLM: an empty 200
+        body = json_body(r, "vLLM's JSON {'success': bool}")
+        return not isinstance(body, dict) or bool(body.get("success", True))
+
+    try:
+        state["reset"] = await await_until(reset, None, 0.2, "POST /reset_prefix_cache",
+                                           attempts=10)
+    except httpx.HTTPError as e:
+        state.update(reset=False, why=f"{type(e).__name__}: {e}")
+    except _NotReset as e:
+        state.update(reset=False, why=str(e))
+    except PollTimeout:
+        state.update(reset=False, why="the server kept answering success=false")
 
 
 async def _scrape(http: httpx.AsyncClient, model: str) -> Optional[dict]:
     try:
         r = await http.get("/metrics")
-        return server_metrics.parse(r.text, model) if r.status_code == 200 else None
     except httpx.HTTPError:
         return None
+    if r.status_code != 200:
+        return None
+    refuse_html(r, "Prometheus text")
+    try:
+        return server_metrics.parse(r.text, model)
+    except ValueError as e:
+        raise BadAnswer(f"GET {r.request.url}: expected Prometheus text ({e}), got "
+                        f"{what_came_back(r)}") from None
 
 
 async def _server_view(http, model, before, completed) -> tuple[dict, dict]:
@@ -152,15 +172,15 @@ async def _server_view(http, model, before, completed) -> tuple[dict, dict]:
     they finish, just after the client saw the last chunk), 2 s at most."""
     if before is None:
         return {}, {}
-    deadline = time.monotonic() + 2.0
-    while True:
+    view: dict = {}
+
+    async def counted() -> bool:
         after = await _scrape(http, model)
-        if after is None:
-            return {}, {}
-        figs, src = server_metrics.level_means(before, after)
-        if figs.get("server_requests", 0) >= completed or time.monotonic() > deadline:
-            return figs, src
-        await asyncio.sleep(0.1)
+        view["figs"] = server_metrics.level_means(before, after) if after is not None else ({}, {})
+        return after is None or view["figs"][0].get("server_requests", 0) >= completed
+
+    await await_until(counted, 2.0, 0.1, "the server's count of the level", raise_timeout=False)
+    return view["figs"]
 
 
 class _Progress:
@@ -213,158 +233,158 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                   "one asyncio process, closed loop", "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks"})
     out.mkdir(parents=True, exist_ok=True)
-    jsonl = open(out / "requests.jsonl", "wb")
-    t0 = time.perf_counter()
-    summary: dict[str, float] = {}
-    rows, measured = [], []
-    cache: dict = {}
-    killed = {"done": False}
-    rule = StallRule(exp.stall_burst_frac, exp.stall_min_chunks, exp.stall_min_gap_ms)
+    # Closed on every path (an unexpected error included): what was measured stays readable.
+    with open(out / "requests.jsonl", "wb") as jsonl:
+        t0 = time.perf_counter()
+        summary: dict[str, float] = {}
+        rows, measured = [], []
+        cache: dict = {}
+        killed = {"done": False}
+        rule = StallRule(exp.stall_burst_frac, exp.stall_min_chunks, exp.stall_min_gap_ms)
 
-    async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
-                                max_connections=max(exp.concurrency) + 4,
-                                continuous_usage=exp.continuous_usage,
-                                temperature=exp.temperature, seed=exp.seed) as client:
-        http = client.http
+        async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
+                                    max_connections=max(exp.concurrency) + 4,
+                                    continuous_usage=exp.continuous_usage,
+                                    temperature=exp.temperature, seed=exp.seed) as client:
+            http = client.http
 
-        def dead() -> bool:
-            return not conn.alive()
+            def dead() -> bool:
+                return not conn.alive()
 
-        async def phase(name: str, level: int, c: int, n: Optional[int], duration: Optional[float],
-                        first_prompt: int, progress: _Progress) -> dict:
-            """Runs one phase; returns its raw result (figures() turns it into figures)."""
-            errors = done = 0
-            task = progress.task(f"{name} c={c}", n)
-            f = exp.fault
-            kill_here = name == "sweep" and f.kill_server_at_level == level and conn.managed
+            async def phase(name: str, level: int, c: int, n: Optional[int], duration: Optional[float],
+                            first_prompt: int, progress: _Progress) -> dict:
+                """Runs one phase; returns its raw result (figures() turns it into figures)."""
+                errors = done = 0
+                task = progress.task(f"{name} c={c}", n)
+                f = exp.fault
+                kill_here = name == "sweep" and f.kill_server_at_level == level and conn.managed
 
-            def on_record(r: dict) -> None:
-                nonlocal errors, done
-                errors += not r["ok"]
-                done += 1
-                progress.update(task, r, errors)
-                if kill_here and not killed["done"] and done >= f.after_requests:
-                    killed["done"] = True  # the fault hook: a crash, as SIGKILL of every process
-                    log.warning("fault: killing the server at concurrency %d", level)
-                    conn.managed.kill(signal.SIGKILL)
+                def on_record(r: dict) -> None:
+                    nonlocal errors, done
+                    errors += not r["ok"]
+                    done += 1
+                    progress.update(task, r, errors)
+                    if kill_here and not killed["done"] and done >= f.after_requests:
+                        killed["done"] = True  # the fault hook: a crash, as SIGKILL of every process
+                        log.warning("fault: killing the server at concurrency %d", level)
+                        conn.managed.kill(signal.SIGKILL)
 
-            # No garbage collection while a level runs: a full pass over the half million
-            # objects transformers leaves behind stalls the event loop for 0.2-1 s (seen as
-            # client lag); reference counting frees the level's garbage, the rest goes after.
-            gc.disable()
-            try:
-                res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
-                                      level=level, concurrency=c, max_tokens=exp.output_tokens,
-                                      t0=t0, n_requests=n, duration_s=duration,
-                                      input_tokens=exp.input_tokens, on_record=on_record,
-                                      should_stop=dead)
-            finally:
-                gc.enable()
-            gc.collect()
-            return res
+                # No garbage collection while a level runs: a full pass over the half million
+                # objects transformers leaves behind stalls the event loop for 0.2-1 s (seen as
+                # client lag); reference counting frees the level's garbage, the rest goes after.
+                gc.disable()
+                try:
+                    res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
+                                          level=level, concurrency=c, max_tokens=exp.output_tokens,
+                                          t0=t0, n_requests=n, duration_s=duration,
+                                          input_tokens=exp.input_tokens, on_record=on_record,
+                                          should_stop=dead)
+                finally:
+                    gc.enable()
+                gc.collect()
+                return res
 
-        def write(res: dict) -> None:
-            # Written once the level is over: no disk I/O in the event loop while it measures
-            # (a write stalled by other processes' writeback would show up as client lag).
-            if not res.get("written"):
-                jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
-                jsonl.flush()
-                res["written"] = True
+            def write(res: dict) -> None:
+                # Written once the level is over: no disk I/O in the event loop while it measures
+                # (a write stalled by other processes' writeback would show up as client lag).
+                if not res.get("written"):
+                    jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in res["records"]))
+                    jsonl.flush()
+                    res["written"] = True
 
-        def figures(res: dict, srv: dict) -> dict:
-            """The phase's figures with the server's view merged; marks each record's delivery
-            stalls against the engine's own TPOT when the server gave one (delivery cannot
-            compress it, unlike the client's, which collapses when every chunk came in a burst),
-            else against the level's median request TPOT; then writes the records."""
-            step = srv.get("server_tpot_ms_mean")
-            figs = level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
-                                 exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
-                                 rule, step_ref_s=step / 1e3 if step else None)
-            _merge_server(figs, srv)
-            write(res)
-            return figs
+            def figures(res: dict, srv: dict) -> dict:
+                """The phase's figures with the server's view merged; marks each record's delivery
+                stalls against the engine's own TPOT when the server gave one (delivery cannot
+                compress it, unlike the client's, which collapses when every chunk came in a burst),
+                else against the level's median request TPOT; then writes the records."""
+                step = srv.get("server_tpot_ms_mean")
+                figs = level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
+                                     exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
+                                     rule, step_ref_s=step / 1e3 if step else None)
+                _merge_server(figs, srv)
+                write(res)
+                return figs
 
-        def completed(res: dict) -> int:
-            return sum(1 for r in res["records"] if r["ok"])
+            def completed(res: dict) -> int:
+                return sum(1 for r in res["records"] if r["ok"])
 
-        with _Progress(exp.progress) as progress:
-            if exp.warmup:
-                write(await phase("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS, progress))
-                _check_alive(conn, "warm-up")
-            if exp.single_stream_requests:
-                await _reset_prefix_cache(http, cache)
-                before = await _scrape(http, conn.model)
-                res = await phase("single", 1, 1, exp.single_stream_requests, None, 0, progress)
-                if not conn.alive():
-                    write(res)
-                _check_alive(conn, "the single-stream phase")
-                srv, src = await _server_view(http, conn.model, before, completed(res))
-                figs = figures(res, srv)
-                single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
-                          "single_stream_tpot_ms_mean": figs.get("tpot_ms_mean"),
-                          "single_stream_ttft_ms": figs.get("ttft_ms_p50"),
-                          "single_stream_itl_ms_p50": figs.get("itl_ms_p50"),
-                          "single_stream_e2e_ms": figs.get("e2e_ms_p50"),
-                          "single_stream_output_tok_s": figs.get("output_tok_s"),
-                          "single_stream_errors": figs["errors"],
-                          "single_stream_tokens_per_chunk": figs.get("tokens_per_chunk"),
-                          "single_stream_server_tpot_ms_mean": figs.get("server_tpot_ms_mean"),
-                          "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean"),
-                          "single_stream_client_lag_ms_p99": figs.get("client_lag_ms_p99"),
-                          "single_stream_client_loop_lag_ms_mean": figs.get("client_loop_lag_ms_mean"),
-                          "single_stream_client_loop_lag_ms_p99": figs.get("client_loop_lag_ms_p99"),
-                          "single_stream_tpot_gap_pct": figs.get("tpot_gap_pct"),
-                          "single_stream_client_lagged": figs["client_lagged"],
-                          "single_stream_delivery_stalls": figs["delivery_stalls"],
-                          "single_stream_delivery_stall_ms_max": figs["delivery_stall_ms_max"],
-                          "single_stream_tpot_ms_no_stalls": figs.get("tpot_ms_p50_no_stalls"),
-                          "single_stream_valid": figs["valid"]}
-                single = {k: v for k, v in single.items() if v is not None}
-                single.update({f"single_stream_{k}": v for k, v in srv.items()
-                               if k.startswith(("spec_", "accept", "mean_accept"))})
-                if not figs["valid"]:
-                    log.warning(describe_invalid("the single-stream phase", figs,
-                                                 exp.max_client_lag_ms))
-                rec.log_metrics(single)
-                summary.update(single)
-                if src:
-                    rec.set_tags({f"server_metrics.{k}": v for k, v in src.items()})
+            with _Progress(exp.progress) as progress:
+                if exp.warmup:
+                    write(await phase("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS, progress))
+                    _check_alive(conn, "warm-up")
+                if exp.single_stream_requests:
+                    if exp.reset_prefix_cache:
+                        await _reset_prefix_cache(http, cache)
+                    before = await _scrape(http, conn.model)
+                    res = await phase("single", 1, 1, exp.single_stream_requests, None, 0, progress)
+                    if not conn.alive():
+                        write(res)
+                    _check_alive(conn, "the single-stream phase")
+                    srv, src = await _server_view(http, conn.model, before, completed(res))
+                    figs = figures(res, srv)
+                    single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
+                              "single_stream_tpot_ms_mean": figs.get("tpot_ms_mean"),
+                              "single_stream_ttft_ms": figs.get("ttft_ms_p50"),
+                              "single_stream_itl_ms_p50": figs.get("itl_ms_p50"),
+                              "single_stream_e2e_ms": figs.get("e2e_ms_p50"),
+                              "single_stream_output_tok_s": figs.get("output_tok_s"),
+                              "single_stream_errors": figs["errors"],
+                              "single_stream_tokens_per_chunk": figs.get("tokens_per_chunk"),
+                              "single_stream_server_tpot_ms_mean": figs.get("server_tpot_ms_mean"),
+                              "single_stream_server_ttft_ms_mean": figs.get("server_ttft_ms_mean"),
+                              "single_stream_client_lag_ms_p99": figs.get("client_lag_ms_p99"),
+                              "single_stream_client_loop_lag_ms_mean": figs.get("client_loop_lag_ms_mean"),
+                              "single_stream_client_loop_lag_ms_p99": figs.get("client_loop_lag_ms_p99"),
+                              "single_stream_tpot_gap_pct": figs.get("tpot_gap_pct"),
+                              "single_stream_client_lagged": figs["client_lagged"],
+                              "single_stream_delivery_stalls": figs["delivery_stalls"],
+                              "single_stream_delivery_stall_ms_max": figs["delivery_stall_ms_max"],
+                              "single_stream_tpot_ms_no_stalls": figs.get("tpot_ms_p50_no_stalls"),
+                              "single_stream_valid": figs["valid"]}
+                    single = {k: v for k, v in single.items() if v is not None}
+                    single.update({f"single_stream_{k}": v for k, v in srv.items()
+                                   if k.startswith(("spec_", "accept", "mean_accept"))})
+                    if not figs["valid"]:
+                        log.warning(describe_invalid("the single-stream phase", figs,
+                                                     exp.max_client_lag_ms))
+                    rec.log_metrics(single)
+                    summary.update(single)
+                    if src:
+                        rec.set_tags({f"server_metrics.{k}": v for k, v in src.items()})
 
-            for c in exp.concurrency[:exp.limit_points]:
-                await _reset_prefix_cache(http, cache)
-                before = await _scrape(http, conn.model)
-                n = None if exp.duration_s else requests_for(exp, c)
-                res = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
-                if completed(res) < len(res["records"]) and conn.managed is not None:
-                    await _settle(http, conn)  # a dying server closes sockets before it exits
-                if not conn.alive() or (completed(res) == 0 and conn.managed is None):
-                    figs = figures(res, {})
-                if not conn.alive():
-                    rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]}, step=c)
-                    _finish(out, exp, rows, measured, summary, rec, jsonl)
-                    raise ServerDied(
-                        f"vLLM died during level concurrency={c} ({figs['completed']} of "
-                        f"{figs['requests']} requests completed; {len(measured)} level(s) measured "
-                        f"before it); last lines of its log:\n{conn.log_tail()}")
-                if completed(res) == 0 and conn.managed is None:
-                    try:
-                        await http.get("/health", timeout=5.0)
-                    except httpx.HTTPError as e:
+                for c in exp.concurrency[:exp.limit_points]:
+                    if exp.reset_prefix_cache:
+                        await _reset_prefix_cache(http, cache)
+                    before = await _scrape(http, conn.model)
+                    n = None if exp.duration_s else requests_for(exp, c)
+                    res = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
+                    if completed(res) < len(res["records"]) and conn.managed is not None:
+                        await _settle(http, conn)  # a dying server closes sockets before it exits
+                    if not conn.alive() or (completed(res) == 0 and conn.managed is None):
+                        figs = figures(res, {})
+                    if not conn.alive():
+                        rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]}, step=c)
                         _finish(out, exp, rows, measured, summary, rec, jsonl)
-                        raise ServerError(f"endpoint {conn.base_url} stopped answering during "
-                                          f"level concurrency={c}: {type(e).__name__}: {e}") from None
-                srv, _ = await _server_view(http, conn.model, before, completed(res))
-                figs = figures(res, srv)
-                if not figs["valid"]:
-                    log.warning(describe_invalid(f"level c={c}", figs, exp.max_client_lag_ms))
-                rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
-                measured.append((c, figs))
-                rows.append([c] + [figs.get(k) for k in ROW_KEYS] + [invalid_reason(figs) or None])
+                        raise ServerDied(
+                            f"vLLM died during level concurrency={c} ({figs['completed']} of "
+                            f"{figs['requests']} requests completed; {len(measured)} level(s) measured "
+                            f"before it); last lines of its log:\n{conn.log_tail()}")
+                    if completed(res) == 0 and conn.managed is None:
+                        try:
+                            await http.get("/health", timeout=5.0)
+                        except httpx.HTTPError as e:
+                            _finish(out, exp, rows, measured, summary, rec, jsonl)
+                            raise ServerError(f"endpoint {conn.base_url} stopped answering during "
+                                              f"level concurrency={c}: {type(e).__name__}: {e}") from None
+                    srv, _ = await _server_view(http, conn.model, before, completed(res))
+                    figs = figures(res, srv)
+                    if not figs["valid"]:
+                        log.warning(describe_invalid(f"level c={c}", figs, exp.max_client_lag_ms))
+                    rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
+                    measured.append((c, figs))
+                    rows.append([c] + [figs.get(k) for k in ROW_KEYS] + [invalid_reason(figs) or None])
 
-    if cache.get("reset") is False:
-        rec.set_tags({"prefix_cache": f"NOT reset between levels: {cache.get('why')}"})
-    else:
-        rec.set_tags({"prefix_cache": "reset before every level"})
+    rec.set_tags({"prefix_cache": _prefix_cache_tag(exp, cache)})
     _finish(out, exp, rows, measured, summary, rec, jsonl)
     return summary
 
@@ -373,14 +393,21 @@ async def _settle(http: httpx.AsyncClient, conn: Connection, timeout_s: float = 
     """After failed requests: waits until the launched server either answers /health or has
     exited, so a crash is reported as one even when the level ended a moment before the
     process did."""
-    deadline = time.monotonic() + timeout_s
-    while conn.alive() and time.monotonic() < deadline:
-        try:
-            if (await http.get("/health", timeout=2.0)).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.2)
+    async def settled() -> bool:
+        if not conn.alive():
+            return True
+        return (await http.get("/health", timeout=2.0)).status_code == 200
+
+    await await_until(settled, timeout_s, 0.2, "the server to answer or exit",
+                      retry_on=(httpx.HTTPError,), raise_timeout=False)
+
+
+def _prefix_cache_tag(exp: MacroConfig, cache: dict) -> str:
+    if not exp.reset_prefix_cache:
+        return "not reset (experiment.reset_prefix_cache=false)"
+    if cache.get("reset") is False:
+        return f"NOT reset between levels: {cache.get('why')}"
+    return "reset before every level"
 
 
 def _merge_server(figs: dict, srv: dict) -> None:

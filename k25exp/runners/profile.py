@@ -22,6 +22,7 @@ import orjson
 
 from k25exp.config.schema import K25Config, ProfileConfig, TraceBreakdownConfig
 from k25exp.runners.server_run import copy_server_log, record_server
+from k25exp.serving.answers import refuse_html
 from k25exp.serving.client import CompletionClient, run_level
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError, connect
@@ -39,7 +40,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ProfileConfig = cfg.experiment
     logging.getLogger("httpx").setLevel(logging.WARNING)
     trace_dir = _trace_dir(cfg)
-    conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device)
+    conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
+                   redact=cfg.tracking.redact)
     record_server(cfg, conn, rec)
     rec.set_tags({"profile.note": "latencies under the profiler are not performance figures "
                   "and are not logged; see experiment=macro",
@@ -139,3 +141,4 @@ async def _post(http: httpx.AsyncClient, path: str, timeout_s: float) -> None:
                            "--profiler-config (set server.profiler)")
     if r.status_code >= 400:
         raise ProfileError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
+    refuse_html(r, "vLLM's answer")  # a proxy's page: the profiler never saw the request

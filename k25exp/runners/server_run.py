@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 from k25exp.config.schema import K25Config
-from k25exp.serving.server import Connection
+from k25exp.redact import scrub
+from k25exp.serving.endpoint import Connection
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -39,4 +40,9 @@ def copy_server_log(conn: Connection, out: Path) -> None:
         return
     with open(srv.log_path, "rb") as f:
         f.seek(conn.log_offset)
-        (out / "server.log").write_bytes(f.read())
+        text = f.read()
+    # A secret the server printed itself (k25exp's own header has them masked already).
+    secrets = {v for v in srv.spec.secret_env.values() if v}
+    if secrets:
+        text = scrub(text.decode(errors="replace"), secrets).encode()
+    (out / "server.log").write_bytes(text)

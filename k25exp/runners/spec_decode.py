@@ -76,7 +76,8 @@ def _running(cfg: K25Config, model_path: Path) -> bool:
     if cfg.server.kind != "vllm":
         return False
     try:
-        key = srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device).key()
+        key = srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device,
+                                  cfg.tracking.redact).key()
     except srv_mod.ServerError:
         return False
     return any(s.key == key for s in srv_mod.running())

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import httpx
 import orjson
 
-from k25exp.serving.server import auth_headers
+from k25exp.serving.launch import auth_headers
 
 DONE = b"[DONE]"
 
@@ -95,6 +95,12 @@ class CompletionClient:
             if resp.status_code != 200:
                 text = (await resp.aread())[:500].decode(errors="replace")
                 rec["error"] = f"HTTP {resp.status_code}: {text}"
+                return
+            ctype = resp.headers.get("content-type", "")
+            if "event-stream" not in ctype:  # a proxy's page, a JSON answer: not a stream
+                text = (await resp.aread())[:200].decode(errors="replace")
+                rec["error"] = (f"not an event stream: POST {resp.request.url} answered HTTP 200, "
+                                f"content-type {ctype or 'none'}: {text!r}")
                 return
             chunk_s, chunk_tokens = rec["chunk_s"], rec["chunk_tokens"]
             continuous = self.continuous_usage

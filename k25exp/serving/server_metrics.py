@@ -28,8 +28,9 @@ the same interval and with vLLM's own definitions (vllm/v1/spec_decode/metrics.p
 
 from __future__ import annotations
 
-import re
 from typing import Optional
+
+from prometheus_client.parser import text_string_to_metric_families
 
 HISTOGRAMS = {
     "tpot": ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"),
@@ -43,32 +44,25 @@ SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
     """{'<histogram>_sum': s, '<histogram>_count': n, '<spec counter>': v,
-    '<per-position counter>[i]': v} summed over engines, for one model."""
+    '<per-position counter>[i]': v} summed over engines, for one model. Text that is not in
+    Prometheus' exposition format raises ValueError (prometheus_client's parser)."""
     want = {f"{n}{s}" for names in HISTOGRAMS.values() for n in names for s in ("_sum", "_count")}
     want |= set(SPEC_COUNTERS) | {SPEC_PER_POS}
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _LINE.match(line)
-        if not m or m.group(1) not in want:
-            continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        if model and labels.get("model_name", model) != model:
-            continue
-        key = m.group(1)
-        if key == SPEC_PER_POS:
-            key = f"{key}[{labels.get('position', '?')}]"
-        try:
-            out[key] = out.get(key, 0.0) + float(m.group(3))
-        except ValueError:
-            continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name not in want:
+                continue
+            if model and sample.labels.get("model_name", model) != model:
+                continue
+            key = sample.name
+            if key == SPEC_PER_POS:
+                key = f"{key}[{sample.labels.get('position', '?')}]"
+            out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
 

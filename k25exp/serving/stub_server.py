@@ -8,6 +8,12 @@
   "hold" (a delivery stall: from the middle of the stream on, tokens keep being made every
   gap but are held back for `hold_s` after the last chunk sent, then released in one write).
 
+For process-lifecycle tests it also plays a vLLM server's other routes (tests/serving/
+fake_vllm_server.py runs it as one): `model` names the served model, `api_key` protects /v1/*
+as vLLM does, /metrics gives vLLM's latency histograms (sum and count) over what it served,
+/reset_prefix_cache answers only in dev mode, /version; `misbehave=False` ignores the prompt;
+`stagger` streams every other completion at half speed (requests sent together end apart).
+
 It records when it wrote each token chunk (`writes`, perf_counter seconds, one list per
 completion request in arrival order), so a test knows the timing the client should measure.
 
@@ -31,11 +37,23 @@ def _chunk(obj) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
+def _answer(writer: asyncio.StreamWriter, status: str, body, ctype: str = "application/json") -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    writer.write(f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {len(data)}"
+                 f"\r\n\r\n".encode() + data)
+
+
 class StubServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, gap_s: float = 0.0,
-                 hold_s: float = 0.5, ttft_s: float = 0.0):
+                 hold_s: float = 0.5, ttft_s: float = 0.0, model: str = "stub",
+                 api_key: Optional[str] = None, dev_mode: bool = True, misbehave: bool = True,
+                 metrics_html: bool = False, stagger: bool = False):
         self.host, self.port, self.gap_s, self.hold_s = host, port, gap_s, hold_s
         self.ttft_s = ttft_s  # a "prefill": pause between the response headers and token 1
+        self.model, self.api_key, self.dev_mode = model, api_key, dev_mode
+        self.misbehave, self.metrics_html = misbehave, metrics_html
+        self.stagger = stagger  # every other completion at half speed: concurrent ones end apart
+        self.served = {"ttft": [0.0, 0], "tpot": [0.0, 0], "e2e": [0.0, 0]}  # [sum s, count]
         self.requests = 0
         self.writes: list[list[float]] = []
         self._server: Optional[asyncio.base_events.Server] = None
@@ -70,7 +88,7 @@ class StubServer:
                            (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
                 self.requests += 1
-                if not await self._respond(method, path, body, writer):
+                if not await self._respond(method, path, body, headers, writer):
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
@@ -78,22 +96,56 @@ class StubServer:
             self._tasks.discard(task)
             writer.close()
 
-    async def _respond(self, method: str, path: str, body: bytes,
+    def _metrics(self) -> str:
+        names = {"ttft": "vllm:time_to_first_token_seconds",
+                 "tpot": "vllm:request_time_per_output_token_seconds",
+                 "e2e": "vllm:e2e_request_latency_seconds"}
+        labels = f'{{engine="0",model_name="{self.model}"}}'
+        return "".join(f"{names[k]}_sum{labels} {s!r}\n{names[k]}_count{labels} {float(n)!r}\n"
+                       for k, (s, n) in self.served.items())
+
+    def _count(self, arrived: float, writes: list[float]) -> None:
+        for key, v in (("ttft", writes[0] - arrived), ("e2e", writes[-1] - arrived),
+                       ("tpot", (writes[-1] - writes[0]) / (len(writes) - 1) if len(writes) > 1
+                        else None)):
+            if v is not None:
+                self.served[key][0] += v
+                self.served[key][1] += 1
+
+    async def _respond(self, method: str, path: str, body: bytes, headers: dict,
                        writer: asyncio.StreamWriter) -> bool:
         """Answers one request; False closes the connection."""
         if path == "/health":
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
             return True
+        if path.startswith("/v1/") and self.api_key and \
+                headers.get("authorization") != f"Bearer {self.api_key}":
+            _answer(writer, "401 Unauthorized", {"error": "Unauthorized"})
+            return True
         if path == "/v1/models":
-            data = json.dumps({"data": [{"id": "stub"}]}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(data), data))
+            _answer(writer, "200 OK", {"data": [{"id": self.model}]})
+            return True
+        if path == "/version":
+            _answer(writer, "200 OK", {"version": "stub"})
+            return True
+        if path == "/metrics":
+            if self.metrics_html:
+                _answer(writer, "200 OK", b"<html><body>Sign in to continue</body></html>",
+                        "text/html")
+            else:
+                _answer(writer, "200 OK", self._metrics().encode(), "text/plain; version=0.0.4")
+            return True
+        if path == "/reset_prefix_cache" and method == "POST" and self.dev_mode:
+            _answer(writer, "200 OK", {"success": True})
             return True
         if path != "/v1/completions":
             writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
             return True
+        arrived = time.perf_counter()
         req = json.loads(body)
         prompt, n = req.get("prompt", ""), int(req.get("max_tokens", 16))
+        if not self.misbehave:
+            prompt = "fine " * len(prompt.split())
         if "http500" in prompt:
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nboom")
             return True
@@ -103,6 +155,7 @@ class StubServer:
                      b"transfer-encoding: chunked\r\n\r\n")
         pt = len(prompt.split())
         writes: list[float] = []
+        gap_s = self.gap_s * (2 if self.stagger and len(self.writes) % 2 else 1)
         self.writes.append(writes)
 
         def token(i: int) -> bytes:
@@ -137,12 +190,14 @@ class StubServer:
                 writer.write(data)
                 i += 1
             await writer.drain()  # raises once the client has gone
-            if self.gap_s and i < n:
-                await asyncio.sleep(self.gap_s)
+            if gap_s and i < n:
+                await asyncio.sleep(gap_s)
         writer.write(_chunk({"choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": n,
                                                       "total_tokens": pt + n}}))
         writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
         await writer.drain()
+        if writes:
+            self._count(arrived, writes)
         return True
 
 

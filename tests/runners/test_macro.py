@@ -1,7 +1,11 @@
-"""experiment=macro end to end: the real CLI, real vLLM CPU servers, a real SQLite store.
+"""experiment=macro end to end: the real CLI, a real SQLite store, and as the server the fake
+vLLM server (tests/serving/fake_vllm_server.py: no model) launched through the real launch
+code, since what is tested here is the server's lifecycle (when servers start and are reused,
+a crash mid-level, signals while one starts), not what vLLM computes
+(tests/serving/test_macro_runner.py checks that on the real server).
 
-Each CLI process launches its own server (the session's in-process one is not shared across
-processes) and must leave no vLLM process behind, whatever happened to it.
+Each CLI process launches its own server and must leave no server process behind, whatever
+happened to it.
 """
 
 from __future__ import annotations
@@ -9,16 +13,17 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import orjson
+import pytest
 
+from k25exp.poll import wait_until
 from k25exp.serving.server import free_port
 from tests.conftest import ROOT
-from tests.serving.helpers import orphans, vllm_processes
+from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans, vllm_processes
 from tests.test_job import artifact_paths
 
-TINY = ["experiment=macro", "server.port=0", "experiment.input_tokens=16",
+TINY = ["experiment.input_tokens=16",
         "experiment.concurrency=[1,2]", "experiment.single_stream_requests=2",
         "experiment.warmup=1", "experiment.rounds=2", "experiment.min_requests=2"]
 CONTRACT = {"ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90",
@@ -27,17 +32,25 @@ CONTRACT = {"ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms
             "single_stream_tpot_ms", "peak_output_tok_s", "server_starts"}
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return fake_model(tmp_path_factory.mktemp("fake_model"))
+
+
+def fake(model, tmp_path, *env):
+    return fake_overrides(model, tmp_path / "server_logs", "FAKE_VLLM_WORKERS=2", *env)
+
+
 def children(r):
     runs = r.runs()
     (parent,) = [x for x in runs if x.data.tags.get("k25exp.role") == "parent"]
     return parent, [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
 
 
-def test_multirun_starts_one_server_per_distinct_server_setting(k25):
+def test_multirun_starts_one_server_per_distinct_server_setting(k25, model, tmp_path):
     # Hydra's basic sweeper varies the last key fastest: jobs run (8,4) (8,8) (16,4) (16,8).
-    # TP 1 starts faster (no worker processes); what is tested here is when servers start.
-    r = k25("-m", *TINY, "server.tp=1", "server.max_num_seqs=8,16", "experiment.output_tokens=4,8",
-            timeout=600)
+    r = k25("-m", *fake(model, tmp_path), *TINY, "server.max_num_seqs=8,16",
+            "experiment.output_tokens=4,8", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     parent, kids = children(r)
     assert parent.info.status == "FINISHED" and len(kids) == 4
@@ -56,12 +69,14 @@ def test_multirun_starts_one_server_per_distinct_server_setting(k25):
     arts = set(artifact_paths(r.client, kids[1].info.run_id))
     assert {"requests.jsonl", "results.csv", "server.log", "plots/latency_cdf.png",
             "plots/throughput_vs_concurrency.png", "plots/tpot_vs_concurrency.png"} <= arts
-    assert not orphans(), "vLLM processes survived the multirun"
+    assert not orphans(marks=FAKE_MARKS), "server processes survived the multirun"
 
 
-def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25):
-    r = k25(*TINY, "experiment.concurrency=[1,2,4]", "experiment.output_tokens=32",
-            "experiment.fault.kill_server_at_level=2", timeout=400)
+def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25, model, tmp_path):
+    # Staggered: when the level's first request ends (and the fault kills the server), the
+    # other is still streaming, so the level has both completed and failed requests.
+    r = k25(*fake(model, tmp_path, "FAKE_VLLM_STAGGER=1"), *TINY, "experiment.concurrency=[1,2,4]",
+            "experiment.output_tokens=32", "experiment.fault.kill_server_at_level=2", timeout=300)
     assert r.returncode == 1
     (run,) = r.runs()
     assert run.info.status == "FAILED"
@@ -77,7 +92,7 @@ def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25):
     level2 = [x for x in recs if x["phase"] == "sweep" and x["level"] == 2]
     assert any(x["ok"] for x in level2) and any(not x["ok"] for x in level2)
     assert {"server.log", "error.txt", "results.csv"} <= set(artifact_paths(c, run.info.run_id))
-    assert not orphans(), "vLLM processes survived the crash"
+    assert not orphans(marks=FAKE_MARKS), "server processes survived the crash"
 
 
 def test_unreachable_endpoint_fails_the_run_with_a_clear_error(k25, tmp_path):
@@ -91,26 +106,29 @@ def test_unreachable_endpoint_fails_the_run_with_a_clear_error(k25, tmp_path):
     assert run.data.metrics["server_starts"] == 0
 
 
-def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(tmp_path):
-    # Ctrl-C once the engine and its TP workers exist (the most processes to stop); SIGTERM
-    # as soon as the API server process exists (before it has started anything itself).
-    for sig, stage in ((signal.SIGINT, "Worker"), (signal.SIGTERM, "vllm.entrypoints")):
+def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(model, tmp_path):
+    # Ctrl-C once the server's workers exist (the most processes to stop); SIGTERM as soon as
+    # the API server process exists (before it has started anything itself). The fake server
+    # starts its workers, then takes a minute to bind: the signal lands mid-start.
+    for sig, stage in ((signal.SIGINT, "fake_vllm_server --worker"),
+                       (signal.SIGTERM, "fake_vllm_server")):
         out = tmp_path / sig.name
         # A shell's background job inherits SIGINT ignored, and Python then never turns it
         # into KeyboardInterrupt: give the child the terminal's default, as a user's has.
-        p = subprocess.Popen([sys.executable, "-m", "k25exp", *TINY, "tracking=none",
-                              f"paths.outputs={out}"], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT,
+        p = subprocess.Popen([sys.executable, "-m", "k25exp", *fake(model, out, "FAKE_VLLM_START_DELAY_S=60"),
+                              *TINY, "tracking=none", f"paths.outputs={out}"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
-            deadline = time.monotonic() + 120
-            while not any(stage in c for _, c in vllm_processes()):
-                assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()[-3000:]
-                time.sleep(0.2)
+            def started() -> bool:
+                assert p.poll() is None, p.stdout.read()[-3000:]
+                return any(stage in c for _, c in vllm_processes(marks=FAKE_MARKS))
+
+            wait_until(started, 60, 0.1, f"the server's {stage!r} process")
             p.send_signal(sig)
             p.wait(timeout=60)
         finally:
             if p.poll() is None:
                 p.kill()
         assert p.returncode != 0
-        assert not orphans(), f"vLLM processes survived {sig.name}"
+        assert not orphans(marks=FAKE_MARKS), f"server processes survived {sig.name}"

@@ -1,39 +1,55 @@
-"""Helpers shared by the tests that start real vLLM servers."""
+"""Helpers shared by the tests that start servers, real vLLM or the fake one."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
+import psutil
+
+from k25exp.poll import wait_until
 from k25exp.serving import server
 
+VLLM_MARKS = ("vllm.entrypoints", "VLLM::")  # API server, engine core, TP workers
+FAKE_MARKS = ("fake_vllm_server",)
+FAKE_ENTRYPOINT = "server.entrypoint=[-m,tests.serving.fake_vllm_server]"
 
-def vllm_processes(exclude: set[int] = frozenset()) -> list[tuple[int, str]]:
-    """Live processes that belong to a vLLM server (API server, engine core, TP workers)."""
+
+def vllm_processes(exclude: set[int] = frozenset(),
+                   marks: tuple[str, ...] = VLLM_MARKS) -> list[tuple[int, str]]:
+    """Live processes that belong to a server (vLLM's by default, the fake's with FAKE_MARKS)."""
     found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in exclude or int(d) == os.getpid():
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        if p.pid in exclude or p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-            if stat[stat.rindex(")") + 2] == "Z":
-                continue
-            comm = Path(f"/proc/{d}/comm").read_text().strip()
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
-            continue
-        if comm.startswith("VLLM") or "vllm.entrypoints" in cmd or "VLLM::" in cmd:
-            found.append((int(d), f"{comm}: {cmd[:120]}"))
+        name, cmd = p.info["name"] or "", " ".join(p.info["cmdline"] or [])
+        if (marks == VLLM_MARKS and name.startswith("VLLM")) or any(m in cmd for m in marks):
+            found.append((p.pid, f"{name}: {cmd[:120]}"))
     return found
 
 
-def orphans(grace_s: float = 3.0) -> list[tuple[int, str]]:
-    """vLLM processes that no server of this (pytest) process owns, after a short grace."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        mine = {p for s in server.running() for p in s.pids()}
-        left = vllm_processes(mine)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+def orphans(grace_s: float = 3.0, marks: tuple[str, ...] = VLLM_MARKS) -> list[tuple[int, str]]:
+    """Server processes that no server of this (pytest) process owns, after a short grace."""
+    def left() -> list[tuple[int, str]]:
+        return vllm_processes({p for s in server.running() for p in s.pids()}, marks)
+
+    wait_until(lambda: not left(), grace_s, 0.2, "orphans gone", raise_timeout=False)
+    return left()
+
+
+def fake_model(folder: Path) -> Path:
+    """A 'checkpoint' for the fake server: only the tiny model's tokenizer (prompts need it)."""
+    from k25exp.serving.tiny_model import write_tokenizer
+
+    if not (folder / "tokenizer.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        write_tokenizer(folder, 4096, seed=0)
+    return folder
+
+
+def fake_overrides(model: Path, log_dir: Path, *env: str) -> list[str]:
+    """Config overrides that launch the fake server through k25exp's real launch code;
+    `env`: 'NAME=value' for server.env (the fake's behaviour, FAKE_VLLM_*)."""
+    return ["experiment=macro", FAKE_ENTRYPOINT, f"server.model_path={model}", "server.port=0",
+            f"server.log_dir={log_dir}", "server.ready_timeout_s=30", "server.stop_timeout_s=5",
+            *(f"+server.env.{e}" for e in env)]

@@ -180,3 +180,30 @@ def test_client_timing_is_the_stub_write_timing_plus_delivery():
     assert f["itl_ms_p50"] == pytest.approx(sorted(itl_stub)[len(itl_stub) // 2] * 1e3,
                                             abs=spread * 1e3 + 1e-6)
     assert f["delivery_stalls"] == 0
+
+
+def test_fixed_gap_gives_tpot_and_itl_equal_to_the_gap_and_ttft_the_first_delay():
+    """An independent check of the definitions, not against the client's own arithmetic: a
+    server that waits 50 ms, then streams a token every 10 ms. Median TPOT and ITL are 10 ms
+    within 0.5 ms; TTFT is the 50 ms delay: never less, and the quickest request within 1 ms
+    once one round trip to the server (measured here with GET /health) is taken off."""
+    with StubThread(gap_s=0.010, ttft_s=0.050) as stub:
+        async def go():
+            async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
+                rtt = []
+                for _ in range(8):
+                    t = time.perf_counter()
+                    await c.http.get("/health")
+                    rtt.append(time.perf_counter() - t)
+                res = await run_level(c, lambda i: "fine", phase="sweep", level=1, concurrency=1,
+                                      max_tokens=12, t0=time.perf_counter(), n_requests=8)
+                return res, min(rtt) * 1e3
+
+        res, rtt_ms = run(go())
+    f = level_figures(res["records"], res["wall_s"], max_client_lag_ms=1e9)
+    assert f["completed"] == 8
+    assert f["tpot_ms_p50"] == pytest.approx(10.0, abs=0.5)
+    assert f["itl_ms_p50"] == pytest.approx(10.0, abs=0.5)
+    ttft_ms = [r["ttft_s"] * 1e3 for r in res["records"]]
+    assert min(ttft_ms) >= 50.0, ttft_ms
+    assert min(ttft_ms) - rtt_ms == pytest.approx(50.0, abs=1.0), (ttft_ms, rtt_ms)

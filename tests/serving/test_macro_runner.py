@@ -1,21 +1,28 @@
-"""The macro runner called as a plain function against the session's real vLLM server.
+"""The real vLLM CPU server (the package's session server) and the macro runner called as a
+plain function against it: what only the real server can show.
 
-Every logged figure is recomputed from requests.jsonl (the chunk arrival times and the
+The launch (own session, split CPUs, API key), then every logged figure is recomputed from requests.jsonl (the chunk arrival times and the
 server's usage), and the client's TPOT is checked against the server's own histogram.
 """
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import orjson
 import pytest
 
 from k25exp.config.validate import to_typed
 from k25exp.runners import runner_for
+from k25exp.serving import server
 from k25exp.serving.server import ServerError
 from k25exp.stats import mean, percentile
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
 from tests.serving.conftest import API_KEY_ENV, SECRET
+
+pytestmark = pytest.mark.vllm  # every test here uses the real server
 
 SMALL = ["experiment.input_tokens=32", "experiment.output_tokens=16",
          "experiment.concurrency=[1,2,4]", "experiment.single_stream_requests=4",
@@ -32,6 +39,25 @@ def run_macro(out, *overrides):
 
 def records(out):
     return [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
+
+
+def test_launched_server_is_its_own_session_with_split_cpus_and_a_key(vllm):
+    conn = vllm["conn"]
+    srv = conn.managed
+    assert srv.alive() and conn.started and conn.start_s > 0
+    assert os.getsid(srv.pid) == srv.pid  # session leader: stopped as a group
+    assert len(srv.pids()) >= 4  # API server, engine core, one worker per TP rank
+    spec = srv.spec
+    assert spec.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert spec.argv[spec.argv.index("--tensor-parallel-size") + 1] == "2"
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == server.split_cpus(2)
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert SECRET not in " ".join(spec.argv) and SECRET not in str(spec.env)
+    assert SECRET not in spec.key() and SECRET not in repr(spec)
+    assert SECRET not in srv.log_path.read_text()
+    assert httpx.get(conn.base_url + "/v1/models").status_code == 401
+    r = httpx.get(conn.base_url + "/v1/models", headers=server.auth_headers(SECRET))
+    assert [m["id"] for m in r.json()["data"]] == ["tiny_kimi"]
 
 
 @pytest.fixture(scope="module")

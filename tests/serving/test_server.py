@@ -1,36 +1,80 @@
-"""The server manager against the real vLLM CPU build: launch, reuse, clear failures."""
+"""The server manager's process lifecycle, against the fake vLLM server (tests/serving/
+fake_vllm_server.py) launched through the real launch code: reuse, ports, early exits, secrets,
+dev endpoints, answers that are not what was asked for. What the real vLLM does is checked in
+test_macro_runner.py (its package-scoped server)."""
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import os
 import socket
+import threading
+import time
 from dataclasses import replace
+from pathlib import Path
 
-import httpx
 import pytest
 
-from k25exp.config.validate import to_typed
+from k25exp.config.validate import ConfigError, to_typed
 from k25exp.serving import server
+from k25exp.serving.client import CompletionClient
 from tests.conftest import compose_cfg
-from tests.serving.conftest import SECRET
-from tests.serving.helpers import vllm_processes
+from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans, vllm_processes
+
+HF_TOKEN = "hf_k25exp-fake-4b1d9e"
 
 
-def test_launched_server_is_its_own_session_with_split_cpus_and_a_key(vllm):
-    conn = vllm["conn"]
+def typed(*overrides):
+    return to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return fake_model(tmp_path_factory.mktemp("fake_model"))
+
+
+@pytest.fixture(scope="module")
+def fake(model, tmp_path_factory):
+    """One fake server through server.connect (the registry), with a secret in server.env and
+    an extra name to redact from tracking.redact."""
+    logs = tmp_path_factory.mktemp("fake_logs")
+    overrides = fake_overrides(model, logs, f"HF_TOKEN={HF_TOKEN}", "HUB_AUTH=hub-pass-31",
+                               "FAKE_VLLM_WORKERS=2")
+    cfg = typed(*overrides, "tracking.redact=[HUB_AUTH]")
+    conn = server.connect(cfg.server, cfg.model, cfg.seed, "cpu", redact=cfg.tracking.redact)
+    yield {"cfg": cfg, "conn": conn, "logs": logs}
+    server.stop_all()
+    assert not orphans(marks=FAKE_MARKS), "fake server processes left after stop_all"
+
+
+def test_launched_server_is_its_own_session_and_stops_with_its_tree(fake):
+    conn = fake["conn"]
     srv = conn.managed
     assert srv.alive() and conn.started and conn.start_s > 0
-    assert server._stat(srv.pid)[1] == srv.pid  # session leader: stopped as a group
-    assert len(srv.pids()) >= 4  # API server, engine core, one worker per TP rank
-    spec = srv.spec
-    assert spec.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert spec.argv[spec.argv.index("--tensor-parallel-size") + 1] == "2"
-    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == server.split_cpus(2)
-    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert SECRET not in " ".join(spec.argv) and SECRET not in str(spec.env)
-    assert SECRET not in spec.key() and SECRET not in repr(spec)
-    assert httpx.get(conn.base_url + "/v1/models").status_code == 401
-    r = httpx.get(conn.base_url + "/v1/models", headers=server.auth_headers(SECRET))
-    assert [m["id"] for m in r.json()["data"]] == ["tiny_kimi"]
+    assert os.getsid(srv.pid) == srv.pid  # session leader: stopped as a group
+    assert len(srv.pids()) == 3  # the server and its two workers
+    assert srv.spec.env["VLLM_SERVER_DEV_MODE"] == "1"  # loopback: dev endpoints on
+
+
+def test_same_server_config_reuses_the_running_server(fake):
+    cfg = fake["cfg"]
+    n = len(server.starts)
+    again = server.connect(cfg.server, cfg.model, cfg.seed, "cpu", redact=cfg.tracking.redact)
+    assert not again.started and again.managed is fake["conn"].managed
+    assert len(server.starts) == n
+    assert again.log_offset > 0  # a later job copies only its own part of the log
+
+
+def test_secret_env_reaches_the_child_but_never_the_log(fake):
+    srv = fake["conn"].managed
+    text = srv.log_path.read_text()
+    assert "HF_TOKEN is set" in text  # the child has it in its environment
+    assert HF_TOKEN not in text and "hub-pass-31" not in text
+    assert "HF_TOKEN=***redacted***" in text and "HUB_AUTH=***redacted***" in text
+    assert HF_TOKEN not in repr(srv.spec) and HF_TOKEN not in str(srv.spec.env)
+    assert HF_TOKEN not in srv.spec.describe() and HF_TOKEN not in " ".join(srv.spec.argv)
+    assert srv.spec.secret_env["HF_TOKEN"] == HF_TOKEN
 
 
 def test_split_cpus_gives_each_rank_its_block():
@@ -40,43 +84,118 @@ def test_split_cpus_gives_each_rank_its_block():
         server.split_cpus(4, [0, 1])
 
 
-def test_same_server_config_reuses_the_running_server(vllm):
-    cfg = vllm["cfg"]
-    n = len(server.starts)
-    again = server.connect(cfg.server, cfg.model, cfg.seed, "cpu")
-    assert not again.started and again.managed is vllm["conn"].managed
-    assert len(server.starts) == n
-    assert again.log_offset > 0  # a later job copies only its own part of the log
-
-
-def test_port_in_use_is_a_clear_error_before_anything_starts(vllm, tmp_path):
-    before = vllm_processes()
+def test_port_in_use_is_a_clear_error_naming_the_port(fake, tmp_path):
+    before = vllm_processes(marks=FAKE_MARKS)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        spec = replace(vllm["conn"].managed.spec, port=port, log_dir=tmp_path)
-        with pytest.raises(server.ServerStartError,
-                           match=rf"port {port} on 127.0.0.1 is already in use by pid \d+"):
-            server.ManagedServer(spec).start()
-    assert not list(tmp_path.iterdir())  # no log: nothing was launched
-    assert vllm_processes() == before
+        spec = replace(fake["conn"].managed.spec, port=port, log_dir=tmp_path)
+        srv = server.ManagedServer(spec)
+        with pytest.raises(server.PortInUse,
+                           match=rf"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}"):
+            srv.start()
+    assert not srv.alive() and not srv.pids()
+    assert vllm_processes(marks=FAKE_MARKS) == before
+
+
+def test_a_port_another_server_answers_on_is_in_use_not_ours(fake, tmp_path):
+    """The port's owner answers /health and /v1/models as ours would: the start must not
+    take it for its own server (no check-then-bind, but the listener's pid is checked)."""
+    running = fake["conn"].managed
+    spec = replace(running.spec, port=running.port, log_dir=tmp_path)
+    srv = server.ManagedServer(spec)
+    with pytest.raises(server.PortInUse, match=rf"port {running.port} on 127.0.0.1 is already in "
+                       rf"use by pid {running.pid} \(.*fake_vllm_server"):
+        srv.start()
+    assert not srv.pids() and running.alive()
 
 
 def test_missing_model_path_is_a_clear_error():
-    cfg = to_typed(compose_cfg("experiment=macro", "server.model_path=/nonexistent/ckpt"),
-                   gpu_count=lambda: 0)
+    cfg = typed("experiment=macro", "server.model_path=/nonexistent/ckpt")
     with pytest.raises(server.ServerStartError, match="server.model_path=/nonexistent/ckpt does not exist"):
         server.connect(cfg.server, cfg.model, cfg.seed, "cpu")
 
 
-def test_server_that_exits_early_fails_with_its_log_tail(vllm, tmp_path):
-    spec = vllm["conn"].managed.spec
-    bad = replace(spec, argv=spec.argv + ["--no-such-flag"], port=server.free_port(),
-                  log_dir=tmp_path, ready_timeout_s=120)
-    bad.argv[bad.argv.index("--port") + 1] = str(bad.port)
-    srv = server.ManagedServer(bad)
-    with pytest.raises(server.ServerStartError, match=r"(?s)exited with code \d+ before it was "
-                       r"ready.*last lines:.*no-such-flag"):
+def test_server_that_exits_early_fails_with_its_log_tail(model, tmp_path):
+    cfg = typed(*fake_overrides(model, tmp_path, "FAKE_VLLM_EXIT_EARLY=3", "FAKE_VLLM_WORKERS=0"))
+    spec = server.launch_spec(cfg.server, model)
+    srv = server.ManagedServer(spec)
+    with pytest.raises(server.ServerStartError, match=r"(?s)exited with code 3 before it was "
+                       r"ready.*last lines:.*exiting early as asked"):
         srv.start()
     assert not srv.alive() and not srv.pids()
+
+
+def test_server_that_hangs_at_start_times_out_and_is_stopped(model, tmp_path):
+    cfg = typed(*fake_overrides(model, tmp_path, "FAKE_VLLM_HANG_AT_START=1",
+                                "FAKE_VLLM_WORKERS=1"), "server.ready_timeout_s=2")
+    srv = server.ManagedServer(server.launch_spec(cfg.server, model))
+    t = time.monotonic()
+    with pytest.raises(server.ServerStartError, match=r"(?s)not ready after 2 s \(server.ready_"
+                       r"timeout_s\).*1 workers started"):
+        srv.start()
+    assert time.monotonic() - t < 15
+    assert not srv.pids()  # its worker too
+
+
+def test_dev_endpoints_are_refused_on_a_network_bind_before_anything_starts(monkeypatch):
+    n = len(server.starts)
+    for exp in ("experiment=macro", "experiment=profile"):
+        with pytest.raises(ConfigError, match=r"server.host=0.0.0.0 is not a loopback address.*"
+                           r"server.allow_dev_endpoints_on_network=true and server.api_key_env"):
+            typed(exp, "server.host=0.0.0.0")
+    assert len(server.starts) == n  # refused at config time: nothing was launched
+    # the opt-in with a key, or a macro run that doesn't reset the cache, is accepted
+    monkeypatch.setenv("K25EXP_TEST_DEV_KEY", "k")
+    opted = typed("experiment=macro", "server.host=0.0.0.0", "server.api_key_env=K25EXP_TEST_DEV_KEY",
+                  "server.allow_dev_endpoints_on_network=true")
+    assert server.launch_spec(opted.server, Path("/m")).env["VLLM_SERVER_DEV_MODE"] == "1"
+    plain = typed("experiment=macro", "server.host=0.0.0.0", "experiment.reset_prefix_cache=false")
+    assert "VLLM_SERVER_DEV_MODE" not in server.launch_spec(plain.server, Path("/m")).env
+    for host in ("127.0.0.1", "127.3.0.1", "::1", "localhost"):
+        spec = server.launch_spec(replace(plain.server, host=host), Path("/m"))
+        assert spec.env["VLLM_SERVER_DEV_MODE"] == "1", host
+
+
+class _ProxyPage(http.server.BaseHTTPRequestHandler):
+    """Answers everything with 200 and an HTML page, as a login proxy in front of a server."""
+
+    def _page(self):
+        body = b"<!DOCTYPE html><html><body><h1>Please sign in</h1></body></html>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html; charset=utf-8")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _page
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def proxy_page():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyPage)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_200_html_answer_is_a_clear_error_naming_the_url(proxy_page):
+    with pytest.raises(server.BadAnswer, match=rf"GET {proxy_page}/v1/models: expected JSON .*got "
+                       r"HTTP 200, content-type text/html; charset=utf-8: '<!DOCTYPE html>.*sign in"):
+        server.wait_endpoint(proxy_page, "tiny_kimi", None, 5)
+
+    async def complete():
+        async with CompletionClient(proxy_page, "tiny_kimi", timeout_s=5) as c:
+            return await c.complete("hello", 4, {}, time.perf_counter())
+
+    rec = asyncio.run(complete())
+    assert not rec["ok"]
+    assert rec["error"].startswith(f"not an event stream: POST {proxy_page}/v1/completions "
+                                   "answered HTTP 200, content-type text/html")
+    assert "Please sign in" in rec["error"]

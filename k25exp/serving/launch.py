@@ -1,0 +1,147 @@
+"""The launch of a vLLM server from config: its argument list, environment and identity.
+
+Nothing here starts a process (k25exp.serving.process does). Secrets (the API key, and any
+server.env value whose name looks secret or is listed in tracking.redact) go to the child by
+environment only: never in argv, never hashed into the launch key, masked in every description.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+from k25exp.config.schema import ModelConfig, ServerConfig
+from k25exp.redact import is_secret, redact_env, scrub
+from k25exp.serving.dev_endpoints import dev_mode_allowed
+from k25exp.serving.errors import ServerError, ServerStartError
+
+
+@dataclass
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]  # added to os.environ for the child
+    host: str
+    port: int  # 0 = pick a free one at start
+    served_model_name: str
+    model_path: str
+    log_dir: Path
+    ready_timeout_s: float
+    stop_timeout_s: float
+    api_key_env: Optional[str] = None
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # never hashed, never logged
+
+    def key(self) -> str:
+        """Identity of the launch: two specs with the same key are the same server. Secret
+        values are not in it (their names are): changing a token does not restart a server."""
+        blob = json.dumps({"argv": self.argv, "env": self.env, "api_key_env": self.api_key_env,
+                           "secret_names": sorted(self.secret_env)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def child_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env, **self.secret_env}
+
+    def describe(self, argv: Optional[list[str]] = None) -> str:
+        """argv and the added environment, secrets masked: the server log's header."""
+        env = redact_env({**self.env, **self.secret_env}, self.secret_env)
+        text = ("# k25exp: " + " ".join(argv or self.argv) + "\n# env: " +
+                " ".join(f"{k}={v}" for k, v in sorted(env.items())) + "\n")
+        return scrub(text, {v for v in self.secret_env.values() if v})
+
+
+def split_cpus(tp: int, cpus: Optional[list[int]] = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND giving each of `tp` ranks an equal block of CPUs: '0|1'."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if tp <= 0 or len(cpus) < tp:
+        raise ServerError(f"server.tp={tp} needs at least {tp} CPUs for the CPU build, "
+                          f"this process may use {len(cpus)}")
+    per = len(cpus) // tp
+    blocks = [cpus[i * per:(i + 1) * per] for i in range(tp)]
+    return "|".join(",".join(map(str, b)) for b in blocks)
+
+
+def resolve_model_path(server: ServerConfig, model: ModelConfig, seed: int) -> tuple[Path, bool]:
+    """The checkpoint folder to serve: server.model_path, or the generated tiny model.
+
+    Returns (path, generated_now). A configured path that doesn't exist is an error here,
+    before anything is started.
+    """
+    if server.model_path:
+        p = Path(server.model_path)
+        if not p.exists():
+            raise ServerStartError(
+                f"server.model_path={server.model_path} does not exist; point it at a checkpoint "
+                "folder, or set server.model_path=null to generate the model group's tiny "
+                "random-weight checkpoint")
+        return p, False
+    from k25exp.serving import tiny_model
+
+    return tiny_model.ensure(model, seed, Path(server.model_cache))
+
+
+def _argv(s: ServerConfig, model_path: Path) -> list[str]:
+    argv = [s.python or sys.executable, *s.entrypoint, "--model", str(model_path),
+            "--served-model-name", s.served_model_name, "--host", s.host, "--port", str(s.port),
+            "--tensor-parallel-size", str(s.tp), "--dtype", s.dtype,
+            "--max-model-len", str(s.max_model_len), "--seed", str(s.seed)]
+    optional = {"--max-num-seqs": s.max_num_seqs,
+                "--max-num-batched-tokens": s.max_num_batched_tokens,
+                "--gpu-memory-utilization": s.gpu_memory_utilization, "--tokenizer": s.tokenizer}
+    for flag, value in optional.items():
+        if value is not None and value != "":
+            argv += [flag, str(value)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    if s.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if s.enable_prefix_caching
+                    else "--no-enable-prefix-caching")
+    if s.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if s.profiler:
+        argv += ["--profiler-config", json.dumps(dict(s.profiler), sort_keys=True)]
+    return argv + [str(a) for a in s.extra_args]
+
+
+def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
+                redact: Iterable[str] = ()) -> LaunchSpec:
+    """`redact`: env names to treat as secret besides TOKEN/KEY/SECRET/PASSWORD (tracking.redact)."""
+    s = server
+    env = {"PYTHONUNBUFFERED": "1"}
+    if dev_mode_allowed(s):  # /reset_prefix_cache, /start_profile ...: loopback or opted in
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    if device == "cpu":
+        if s.cpu_kvcache_space_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
+        if s.cpu_threads_bind == "split":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = split_cpus(s.tp)
+        elif s.cpu_threads_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = s.cpu_threads_bind
+    secret = {}
+    for k, v in s.env.items():
+        (secret if is_secret(k, redact) else env)[k] = str(v)
+    if s.api_key_env:
+        secret["VLLM_API_KEY"] = api_key(s)  # passed by environment: never in argv or ps
+    return LaunchSpec(argv=_argv(s, model_path), env=env, host=s.host, port=s.port,
+                      served_model_name=s.served_model_name, model_path=str(model_path),
+                      log_dir=Path(s.log_dir), ready_timeout_s=s.ready_timeout_s,
+                      stop_timeout_s=s.stop_timeout_s, api_key_env=s.api_key_env,
+                      secret_env=secret)
+
+
+def api_key(server: ServerConfig) -> Optional[str]:
+    """The API key from the environment variable server.api_key_env names (None if unset)."""
+    if not server.api_key_env:
+        return None
+    v = os.environ.get(server.api_key_env)
+    if not v:
+        raise ServerError(f"server.api_key_env={server.api_key_env}: that environment variable "
+                          "is not set")
+    return v
+
+
+def auth_headers(key: Optional[str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}

@@ -1,0 +1,87 @@
+"""A fake vLLM server for process-lifecycle tests: no model.
+
+It stands in for `python -m vllm.entrypoints.openai.api_server` where what is tested is the
+process (launch from config, readiness, reuse, stop with its whole tree, signals, ports,
+logs), never the serving itself: run it through the config with
+`server.entrypoint=[-m,tests.serving.fake_vllm_server]`, and k25exp's real launch code starts
+it with the argv it builds for vLLM. It reads --host, --port, --served-model-name and
+--api-key (or VLLM_API_KEY, as vLLM does) and ignores the rest; binds the port or exits 1
+with "Address already in use" as vLLM does; answers /health, /v1/models, /metrics, streaming
+/v1/completions, /reset_prefix_cache (only with VLLM_SERVER_DEV_MODE=1), /version, with
+k25exp.serving.stub_server. It prints whether HF_TOKEN is set (never its value).
+
+Behaviour on request, by environment (server.env):
+  FAKE_VLLM_EXIT_EARLY=<code>  print an error and exit with that code before binding
+  FAKE_VLLM_START_DELAY_S=<s>  wait before binding (a slow start; FAKE_VLLM_HANG_AT_START=1:
+                               forever)
+  FAKE_VLLM_WORKERS=<n>        start n worker processes first (vLLM's engine core, TP workers)
+  FAKE_VLLM_GAP_MS=<ms>        pause between streamed tokens (default 2)
+  FAKE_VLLM_METRICS=html       answer /metrics with an HTML page (a proxy's login form)
+  FAKE_VLLM_STAGGER=1          every other completion at half speed (concurrent ones end apart)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from k25exp.serving.stub_server import StubServer
+
+
+def _worker() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        return _worker()
+    p = argparse.ArgumentParser(description="a fake vLLM server (no model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default="fake")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    a, _ = p.parse_known_args()
+    env = os.environ.get
+    print(f"fake vLLM: pid {os.getpid()}, HF_TOKEN {'is set' if env('HF_TOKEN') else 'is not set'}, "
+          f"dev mode {'on' if env('VLLM_SERVER_DEV_MODE') == '1' else 'off'}", flush=True)
+    if env("FAKE_VLLM_EXIT_EARLY"):
+        print("fake vLLM: error: exiting early as asked (FAKE_VLLM_EXIT_EARLY)", flush=True)
+        sys.exit(int(env("FAKE_VLLM_EXIT_EARLY")))
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.serving.fake_vllm_server",
+                                 "--worker", str(i)]) for i in range(int(env("FAKE_VLLM_WORKERS", "0")))]
+    print(f"fake vLLM: {len(workers)} workers started", flush=True)
+    if env("FAKE_VLLM_HANG_AT_START"):
+        while True:
+            time.sleep(3600)
+    time.sleep(float(env("FAKE_VLLM_START_DELAY_S", "0")))
+    stub = StubServer(a.host, a.port, gap_s=float(env("FAKE_VLLM_GAP_MS", "2")) / 1e3,
+                      model=a.served_model_name, api_key=a.api_key,
+                      dev_mode=env("VLLM_SERVER_DEV_MODE") == "1", misbehave=False,
+                      metrics_html=env("FAKE_VLLM_METRICS") == "html",
+                      stagger=env("FAKE_VLLM_STAGGER") == "1")
+
+    async def serve() -> None:
+        try:
+            await stub.start()
+        except OSError as e:  # vLLM's words, so the manager's detection is tested as it runs
+            print(f"ERROR: [Errno {e.errno}] error while attempting to bind on address "
+                  f"({a.host!r}, {a.port}): {e.strerror.lower()}", flush=True)
+            for w in workers:
+                w.terminate()
+            sys.exit(1)
+        print(f"fake vLLM: serving {a.served_model_name} on {stub.base_url}", flush=True)
+        await asyncio.Event().wait()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The macro runner's safe defaults, against the fake vLLM server (no model) launched through
+the real launch code: the prefix-cache reset only when asked (and the tag says what happened),
+dev mode off on a network bind, requests.jsonl closed and flushed when a run fails midway."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from k25exp.config.validate import to_typed
+from k25exp.runners import runner_for
+from k25exp.serving import server
+from k25exp.serving.errors import BadAnswer
+from k25exp.tracking import MemoryRecorder
+from tests.conftest import compose_cfg
+from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
+
+SMALL = ["experiment.input_tokens=16", "experiment.output_tokens=4", "experiment.concurrency=[1,2]",
+         "experiment.single_stream_requests=2", "experiment.warmup=1", "experiment.rounds=1",
+         "experiment.min_requests=2", "experiment.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    yield fake_model(tmp_path_factory.mktemp("fake_model"))
+    server.stop_all()
+    assert not orphans(marks=FAKE_MARKS)
+
+
+def run_macro(out, *overrides):
+    cfg = to_typed(compose_cfg(*overrides, *SMALL, f"paths.outputs={out}"), gpu_count=lambda: 0)
+    rec = MemoryRecorder()
+    return cfg, rec, runner_for(cfg.experiment)(cfg, out, rec)
+
+
+def test_prefix_cache_reset_only_when_asked_and_the_tag_says_so(model, tmp_path):
+    _, rec, summary = run_macro(tmp_path / "on", *fake_overrides(model, tmp_path))
+    assert rec.tags["prefix_cache"] == "reset before every level"
+    assert summary["peak_output_tok_s"] > 0 and rec.latest("completed") == {1: 2, 2: 2}
+    assert rec.latest("server_requests") == {1: 2, 2: 2}  # the fake's /metrics, parsed
+    _, rec, _ = run_macro(tmp_path / "off", *fake_overrides(model, tmp_path),
+                          "experiment.reset_prefix_cache=false")
+    assert rec.tags["prefix_cache"] == "not reset (experiment.reset_prefix_cache=false)"
+
+
+def test_network_bind_without_reset_runs_with_dev_mode_off(model, tmp_path):
+    cfg, rec, _ = run_macro(tmp_path, *fake_overrides(model, tmp_path), "server.host=0.0.0.0",
+                            "experiment.reset_prefix_cache=false")
+    srv = server.running()[0]
+    assert srv.spec.host == "0.0.0.0" and "VLLM_SERVER_DEV_MODE" not in srv.spec.env
+    assert "dev mode off" in srv.log_path.read_text()  # what the child saw
+    assert rec.latest("completed") == {1: 2, 2: 2}
+
+
+def test_requests_jsonl_is_closed_and_flushed_when_the_run_fails(model, tmp_path):
+    """A proxy's HTML page for /metrics fails the run after the warm-up: a clear error naming
+    the URL, and the warm-up's record on disk in a closed file."""
+    out = tmp_path / "out"
+    with pytest.raises(BadAnswer, match=r"GET http://127.0.0.1:\d+/metrics: expected Prometheus "
+                       r"text, got HTTP 200, content-type text/html: '<html>"):
+        run_macro(out, *fake_overrides(model, tmp_path, "FAKE_VLLM_METRICS=html"))
+    jsonl = out / "requests.jsonl"
+    assert [line.count(b'"phase":"warmup"') for line in jsonl.read_bytes().splitlines()] == [1]
+    assert str(jsonl) not in {f.path for f in psutil.Process().open_files()}
