@@ -8,6 +8,8 @@
 #   PHASES="nccl_burst all_to_all" ./multirun.sh    # a subset of phases
 #   ./multirun.sh debug=quick macro:experiment.concurrency=[1,2]
 #                                                   # PHASE:override goes to that phase only
+#   ./multirun.sh profile:experiment.concurrency=1,4  # ... and replaces the phase's own sweep
+#                                                   # of that key
 #
 # Environment: K25EXP_CAMPAIGN (default: campaign-<UTC time>), MLFLOW_TRACKING_URI (default:
 # outputs/mlflow.db), PYTHON (default: .venv/bin/python if present, else python3).
@@ -72,8 +74,15 @@ for phase in $PHASES; do
     "$PYTHON" -m k25exp experiment=report "$@" | tee "$report_log"
     rc=${PIPESTATUS[0]}
   else
-    # shellcheck disable=SC2086  # the sweep string is split into overrides on purpose
-    "$PYTHON" -m k25exp -m "experiment=$phase" ${SWEEP[$phase]} "$@"
+    # The phase's sweep, less any key a PHASE:key=... argument sets (it replaces that entry:
+    # `profile:experiment.concurrency=1,4` sweeps 1 and 4 instead of 1, 8, 32).
+    sweep=()
+    for s in ${SWEEP[$phase]}; do
+      replaced=0
+      for e in ${extra[@]+"${extra[@]}"}; do [[ "${e%%=*}" == "${s%%=*}" ]] && replaced=1; done
+      (( replaced )) || sweep+=("$s")
+    done
+    "$PYTHON" -m k25exp -m "experiment=$phase" ${sweep[@]+"${sweep[@]}"} "$@"
     rc=$?
   fi
   if (( rc == 0 )); then ok+=("$phase"); else failed+=("$phase"); fi

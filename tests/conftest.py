@@ -28,13 +28,17 @@ def _cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """`cuda` tests need a GPU: here they skip, saying so; on a GPU box (`pytest -m cuda`)
-    they all run, and a missing optional kernel is an xfail with its reason."""
-    if _cuda():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU box)")
+    """Tests that start a server (real vLLM or the fake) run in one xdist worker, one after
+    another: servers are reused by launch key within a process, and their orphan checks look
+    at every server process on the machine. `cuda` tests need a GPU: here they skip, saying
+    so; on a GPU box (`pytest -m cuda`) they all run, and a missing optional kernel is an
+    xfail with its reason."""
+    skip = None if _cuda() else pytest.mark.skip(
+        reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU box)")
     for item in items:
-        if "cuda" in item.keywords:
+        if "vllm" in item.keywords or "fake_server" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("servers"))
+        if skip and "cuda" in item.keywords:
             item.add_marker(skip)
 
 
@@ -92,6 +96,11 @@ SPEC_K = 3  # spec_decode's num_speculative_tokens in the campaign
 PROFILE_OUT = 32  # profile's output_tokens: decode steps per request = PROFILE_OUT - 1
 CAMPAIGN_ARGS = [
     "debug=quick", "server.port=0",
+    # eager vLLM starts in ~22 s instead of ~34 s (no torch.compile warm-up): what these tests
+    # check does not depend on the compile mode
+    "server.enforce_eager=true",
+    # the batches the reconciliation and the prediction interpolate between (1 … 8)
+    "nccl_burst:experiment.tokens=1,8", "profile:experiment.concurrency=1,8",
     # allreduce_sweep: the sizes the EP comparison needs (c × 512 × 2 B for c = 1 … 8)
     "allreduce_sweep:experiment.min_bytes=1024", "allreduce_sweep:experiment.max_bytes=16384",
     "allreduce_sweep:experiment.limit_points=null",

@@ -128,7 +128,7 @@ def test_report_figures_match_the_runs_they_name(full):
 
 
 def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
-    c = run_campaign(tmp_path, "c-partial", "debug=quick", "server.port=0",
+    c = run_campaign(tmp_path, "c-partial", "debug=quick", "server.port=0", "nccl_burst:experiment.tokens=1",
                      "macro:server.model_path=/nonexistent/checkpoint",
                      phases="nccl_burst macro report", timeout=600)
     p, runs = c.proc, c.runs

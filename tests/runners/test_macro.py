@@ -23,6 +23,8 @@ from tests.conftest import ROOT
 from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans, vllm_processes
 from tests.test_job import artifact_paths
 
+pytestmark = pytest.mark.fake_server  # one xdist worker runs every server test, in order
+
 TINY = ["experiment.input_tokens=16",
         "experiment.concurrency=[1,2]", "experiment.single_stream_requests=2",
         "experiment.warmup=1", "experiment.rounds=2", "experiment.min_requests=2"]

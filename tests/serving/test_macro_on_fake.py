@@ -15,6 +15,8 @@ from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
 from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
 
+pytestmark = pytest.mark.fake_server  # one xdist worker runs every server test, in order
+
 SMALL = ["experiment.input_tokens=16", "experiment.output_tokens=4", "experiment.concurrency=[1,2]",
          "experiment.single_stream_requests=2", "experiment.warmup=1", "experiment.rounds=1",
          "experiment.min_requests=2", "experiment.progress=false"]
@@ -62,3 +64,16 @@ def test_requests_jsonl_is_closed_and_flushed_when_the_run_fails(model, tmp_path
     jsonl = out / "requests.jsonl"
     assert [line.count(b'"phase":"warmup"') for line in jsonl.read_bytes().splitlines()] == [1]
     assert str(jsonl) not in {f.path for f in psutil.Process().open_files()}
+
+
+def test_a_healthy_run_is_flagged_valid_with_tpot_equal_to_the_servers_pace(model, tmp_path):
+    """A server whose pace is known (the fake: one token every 25 ms, nothing held back):
+    every phase is valid, no stall is found, and TPOT is that pace. A bug that flagged every
+    level invalid (or found stalls in a steady stream) fails here, not as a skipped check."""
+    _, rec, summary = run_macro(tmp_path, *fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=25"),
+                                "experiment.output_tokens=8")
+    assert summary["single_stream_valid"] == 1.0
+    assert rec.latest("valid") == {1: 1.0, 2: 1.0}
+    assert rec.latest("delivery_stalls") == {1: 0.0, 2: 0.0}
+    for c, tpot in rec.latest("tpot_ms_p50").items():
+        assert tpot == pytest.approx(25.0, abs=5.0), c  # the fake's gap, not the client's

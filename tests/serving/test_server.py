@@ -22,6 +22,8 @@ from k25exp.serving.client import CompletionClient
 from tests.conftest import compose_cfg
 from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans, vllm_processes
 
+pytestmark = pytest.mark.fake_server  # one xdist worker runs every server test, in order
+
 HF_TOKEN = "hf_k25exp-fake-4b1d9e"
 
 
