@@ -29,3 +29,27 @@ def mean(xs: Sequence[float]) -> float:
     if len(xs) == 0:
         raise ValueError("mean of an empty sample")
     return float(np.mean(np.asarray(xs, dtype=float)))
+
+
+# A percentile is a figure only over enough samples: p99 of 8 requests is the maximum, not a
+# tail estimate. Below these counts it is not logged, and tables say why.
+MIN_SAMPLES = {90: 10, 95: 20, 99: 100}
+
+
+def min_samples(q: float) -> int:
+    """Samples a q-th percentile needs to be reported (1 for the median and below p90)."""
+    return max((n for p, n in MIN_SAMPLES.items() if q >= p), default=1)
+
+
+def bootstrap_ci(xs: Sequence[float], stat=np.median, level: float = 0.95, n_boot: int = 2000,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of stat(xs): resample xs with replacement n_boot times
+    (fixed seed, so a run's interval is reproducible)."""
+    a = np.asarray(xs, dtype=float)
+    if len(a) < 2:
+        raise ValueError(f"a bootstrap interval needs at least 2 samples, got {len(a)}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), size=(n_boot, len(a)))
+    vals = stat(a[idx], axis=1)
+    lo, hi = np.percentile(vals, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)

@@ -11,13 +11,13 @@ from typing import Any, Sequence
 @dataclass
 class Column:
     header: str
-    fmt: str = "{}"  # applied to non-None values; None prints as "-"
+    fmt: str = "{}"  # applied to numbers; None prints as "-", a string as itself (a reason)
     width: int = 12
 
 
 def render(columns: Sequence[Column], rows: Sequence[Sequence[Any]], title: str = "") -> str:
     def cell(c: Column, v: Any) -> str:
-        return "-" if v is None else c.fmt.format(v)
+        return "-" if v is None else v if isinstance(v, str) else c.fmt.format(v)
 
     lines = [f"# {title}"] if title else []
     lines.append("#" + "".join(c.header.rjust(c.width) for c in columns))

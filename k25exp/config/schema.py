@@ -411,6 +411,28 @@ class MacroConfig(Registered):
     warmup: int = 2  # requests sent before anything is measured; never in the figures
     single_stream_requests: int = 8  # one at a time; 0 skips the phase
     concurrency: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
+    # The sweep's load. closed: `concurrency` workers, each sending its next request when its
+    # last one ended (step = concurrency). open: requests arrive at `request_rate` req/s
+    # whatever the responses do, gamma gaps of shape `burstiness` (1 = Poisson, vLLM's
+    # definition), at most `max_concurrency` in flight (null: no cap); step = rate × 1000
+    # (MLflow steps are integers), the rate itself is the metric target_rate_req_s.
+    load: str = "closed"
+    request_rate: List[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    burstiness: float = 1.0
+    max_concurrency: Optional[int] = None
+    # open: a level whose client sent more than this fraction off the drawn schedule's rate
+    # is flagged invalid (it measured the client's pace).
+    max_rate_error: float = 0.05
+    # closed: worker w starts at w × ramp_s / concurrency (0: all at once, rounds in lockstep).
+    ramp_s: float = 0.0
+    # Shared prefixes: request i's first prefix_tokens tokens are the prefix of group
+    # i mod prefix_groups (0: every prompt its own, no shared prefix). The level logs the
+    # server's prefix_cache_hit_rate.
+    prefix_tokens: int = 0
+    prefix_groups: int = 1
+    # Goodput (vLLM's --goodput): any of {ttft_ms, tpot_ms, e2e_ms}; a request is good when it
+    # meets every one given (TTFT and E2E from the scheduled send). {} = no goodput figures.
+    slo: Dict[str, float] = field(default_factory=dict)
     # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
     # or, when duration_s is set, as many as the level's workers start in that time.
     requests: Optional[int] = None
@@ -474,6 +496,38 @@ class SpecDecodeConfig(MacroConfig):
     # synthetic, synthetic_acceptance_length: 2.5}).
     extra: Dict[str, Any] = field(default_factory=dict)
     baseline: bool = True  # also measure the server without speculative decoding
+
+
+@experiment
+@dataclass
+class SloSearchConfig(MacroConfig):
+    """The highest load whose latencies meet an SLO: probes of one level each (the macro
+    measurement, open or closed loop) on one server start, bracketing then bisection.
+
+    A probe meets the SLO when the `percentile` of each metric in `slo` (TTFT and E2E from
+    the scheduled send) is at or below its bound, and the level is valid. Each probe is a
+    child run; the answer is max_rate_meeting_slo (or max_concurrency_meeting_slo).
+    """
+
+    checks: ClassVar[tuple[str, ...]] = (_V + "check_slo_search",)
+    campaign_order: ClassVar[Optional[int]] = None  # not a campaign phase (macro's is inherited)
+
+    name: str = "slo_search"
+    _target_: str = "k25exp.runners.slo_search.run"
+    search_over: str = "rate"  # rate (open loop) | concurrency (closed loop)
+    load: str = "open"  # follows search_over (validated)
+    percentile: int = 90  # 50 | 90 | 99 of each SLO metric
+    slo: Dict[str, float] = field(default_factory=lambda: {"ttft_ms": 1000.0, "tpot_ms": 100.0})
+    start: float = 1.0  # first probe (req/s or concurrency)
+    # Bracketing doubles (or halves) from `start` within [lowest, highest].
+    lowest: float = 0.125
+    highest: float = 256.0
+    # Bisection stops when (fail - pass) / pass <= tolerance (rate), or fail - pass <= 1
+    # (concurrency).
+    tolerance: float = 0.1
+    max_probes: int = 12
+    min_requests: int = 20  # per probe: enough for the percentile (p90 needs 10)
+    single_stream_requests: int = 0
 
 
 @experiment

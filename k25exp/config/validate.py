@@ -251,6 +251,35 @@ def check_macro(c: K25Config, p: list[str]) -> None:
         v = getattr(exp, key)
         if v is not None and v <= 0:
             p.append(f"experiment.{key}={v}: expected a positive number or null")
+    if exp.load not in ("closed", "open"):
+        p.append(f"experiment.load={exp.load!r}: expected closed or open")
+    if exp.load == "open":
+        if not exp.request_rate or any(not r > 0 for r in exp.request_rate):
+            p.append(f"experiment.request_rate={exp.request_rate}: expected a non-empty list of "
+                     "rates > 0 (requests/s)")
+        elif len(set(exp.request_rate)) != len(exp.request_rate):
+            p.append(f"experiment.request_rate={exp.request_rate}: rates must be distinct (each is a step)")
+        if not exp.burstiness > 0:
+            p.append(f"experiment.burstiness={exp.burstiness}: expected > 0 (1 = Poisson)")
+        if exp.max_concurrency is not None and exp.max_concurrency < 1:
+            p.append(f"experiment.max_concurrency={exp.max_concurrency}: expected >= 1 or null")
+        if not 0 < exp.max_rate_error < 1:
+            p.append(f"experiment.max_rate_error={exp.max_rate_error}: expected a fraction, 0 < x < 1")
+    if exp.prefix_tokens < 0 or exp.prefix_groups < 1:
+        p.append(f"experiment.prefix_tokens={exp.prefix_tokens}, prefix_groups={exp.prefix_groups}: "
+                 "expected prefix_tokens >= 0 and prefix_groups >= 1")
+    elif exp.prefix_tokens >= exp.input_tokens - 1:
+        p.append(f"experiment.prefix_tokens={exp.prefix_tokens}: must leave room for each prompt's "
+                 f"own tokens in experiment.input_tokens={exp.input_tokens}")
+    if exp.ramp_s < 0:
+        p.append(f"experiment.ramp_s={exp.ramp_s}: expected >= 0 seconds")
+    from k25exp.serving.figures import SLO_KEYS
+
+    for k, v in exp.slo.items():
+        if k not in SLO_KEYS:
+            p.append(f"experiment.slo.{k}: unknown SLO; expected some of {sorted(SLO_KEYS)}")
+        elif not isinstance(v, (int, float)) or v <= 0:
+            p.append(f"experiment.slo.{k}={v}: expected a latency in ms > 0")
     if exp.duration_s is not None and exp.duration_s <= 0:
         p.append(f"experiment.duration_s={exp.duration_s}: expected > 0 or null")
     f = exp.fault
@@ -344,6 +373,35 @@ def check_profile(c: K25Config, p: list[str]) -> None:
     elif not exp.trace_dir:
         p.append("experiment.trace_dir: required with server=endpoint (the folder where that "
                  "server's --profiler-config writes traces, readable from here)")
+
+
+def check_slo_search(c: K25Config, p: list[str]) -> None:
+    from k25exp.serving.figures import SLO_KEYS
+    from k25exp.stats import min_samples
+
+    exp = c.experiment
+    if exp.search_over not in ("rate", "concurrency"):
+        p.append(f"experiment.search_over={exp.search_over!r}: expected rate or concurrency")
+    elif exp.load != ("open" if exp.search_over == "rate" else "closed"):
+        p.append(f"experiment.load={exp.load!r} with search_over={exp.search_over}: a rate search "
+                 "runs the open loop, a concurrency search the closed loop")
+    if not exp.slo:
+        p.append("experiment.slo={}: expected at least one of " + str(sorted(SLO_KEYS)))
+    if exp.percentile not in (50, 90, 99):
+        p.append(f"experiment.percentile={exp.percentile}: expected 50, 90 or 99")
+    else:
+        need = min_samples(exp.percentile)
+        n = exp.requests if exp.requests is not None else exp.min_requests
+        if n < need:
+            p.append(f"experiment.min_requests / requests = {n}: p{exp.percentile} needs at least "
+                     f"{need} requests per probe")
+    if not 0 < exp.lowest <= exp.start <= exp.highest:
+        p.append(f"experiment.lowest={exp.lowest}, start={exp.start}, highest={exp.highest}: "
+                 "expected 0 < lowest <= start <= highest")
+    if not exp.tolerance > 0:
+        p.append(f"experiment.tolerance={exp.tolerance}: expected > 0")
+    if exp.max_probes < 2:
+        p.append(f"experiment.max_probes={exp.max_probes}: expected >= 2")
 
 
 def check_dev_endpoints(c: K25Config, p: list[str]) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import logging
 import signal
 import time
@@ -32,8 +33,10 @@ import orjson
 
 from k25exp.config.schema import K25Config, MacroConfig
 from k25exp.serving import admin
-from k25exp.serving.client import CompletionClient, run_level
-from k25exp.serving.figures import describe_invalid, invalid_reason, level_figures, tpot_gap_pct
+from k25exp.serving.arrivals import schedule
+from k25exp.serving.client import CompletionClient, run_level, run_open_level
+from k25exp.serving.figures import (describe_invalid, goodput, invalid_reason, level_figures,
+                                    rate_figures, suppressed, tpot_gap_pct)
 from k25exp.serving.stalls import StallRule
 from k25exp.serving.progress import Progress
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
@@ -65,14 +68,36 @@ LEVEL_METRICS = {  # logged at step = concurrency
 }
 
 
+LEVEL_METRICS |= {  # open loop, goodput, the user's view from the scheduled send
+    "target_rate_req_s", "scheduled_rate_req_s", "achieved_rate_req_s", "rate_error_pct",
+    "rate_missed", "goodput_req_s", "goodput_tok_s", "good_fraction", "client_lag_n",
+    "output_tok_s_ci_lo", "output_tok_s_ci_hi", "prefix_cache_queries", "prefix_cache_hits",
+    "prefix_cache_hit_rate"}
+
+
 def _level_metric(key: str) -> bool:
-    return key in LEVEL_METRICS or key.startswith("acceptance_pos")
+    return (key in LEVEL_METRICS or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms"))
+            or (key.endswith(("_n", "_p50_ci_lo", "_p50_ci_hi")) and key.startswith(
+                ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))))
 
 
-def requests_for(exp: MacroConfig, c: int) -> int:
+def requests_for(exp: MacroConfig, c: float) -> int:
+    """Requests at a level: experiment.requests, else `rounds` rounds of the closed loop's
+    workers, or `rounds` seconds of the open loop's arrivals; at least min_requests."""
     if exp.requests is not None:
         return exp.requests
-    return max(exp.min_requests, exp.rounds * c)
+    return max(exp.min_requests, math.ceil(exp.rounds * c))
+
+
+def sweep_levels(exp: MacroConfig) -> list:
+    """The sweep's levels: concurrencies (closed loop) or request rates (open loop)."""
+    levels = exp.request_rate if exp.load == "open" else exp.concurrency
+    return list(levels[:exp.limit_points])
+
+
+def step_of(exp: MacroConfig, level: float) -> int:
+    """The MLflow step a level's figures go to: its concurrency, or its rate × 1000."""
+    return int(round(level * 1000)) if exp.load == "open" else int(level)
 
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
@@ -109,17 +134,18 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     if not tok_path:
         raise ServerError("no tokenizer: set server.tokenizer (folder or hub id of the served model's)")
     tok = load_tokenizer(tok_path, cfg.server.trust_remote_code)
-    prompt = PromptBuilder(tok, exp.input_tokens, exp.seed)
+    prompt = PromptBuilder(tok, exp.input_tokens, exp.seed, exp.prefix_tokens, exp.prefix_groups)
     # Every prompt built before anything is timed: tokenizing between requests is client lag.
     if exp.duration_s is None:
         prompt.many(range(max([exp.single_stream_requests] +
-                              [requests_for(exp, c) for c in exp.concurrency])))
+                              [requests_for(exp, c) for c in sweep_levels(exp)])))
         prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
     rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": f"httpx {httpx.__version__}, "
                   "one asyncio process, closed loop", "macro.tpot_definition":
-                  "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks"})
+                  "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks",
+                  "macro.load": _load_tag(exp)})
     out.mkdir(parents=True, exist_ok=True)
     # Closed on every path (an unexpected error included): what was measured stays readable.
     with open(out / "requests.jsonl", "wb") as jsonl:
@@ -131,7 +157,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
         rule = StallRule(exp.stall_burst_frac, exp.stall_min_chunks, exp.stall_min_gap_ms)
 
         async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
-                                    max_connections=max(exp.concurrency) + 4,
+                                    max_connections=_max_in_flight(exp) + 4,
                                     continuous_usage=exp.continuous_usage,
                                     temperature=exp.temperature, seed=exp.seed) as client:
             http = client.http
@@ -139,11 +165,12 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
             def dead() -> bool:
                 return not conn.alive()
 
-            async def phase(name: str, level: int, c: int, n: Optional[int], duration: Optional[float],
-                            first_prompt: int, progress: Progress) -> dict:
-                """Runs one phase; returns its raw result (figures() turns it into figures)."""
+            async def phase(name: str, level: float, c: int, n: Optional[int], duration: Optional[float],
+                            first_prompt: int, progress: Progress, rate: Optional[float] = None) -> dict:
+                """Runs one phase (closed loop of c workers, or open loop at `rate`); returns its
+                raw result (figures() turns it into figures)."""
                 errors = done = 0
-                task = progress.task(f"{name} c={c}", n)
+                task = progress.task(f"{name} " + (f"{rate:g}/s" if rate else f"c={c}"), n)
                 f = exp.fault
                 kill_here = name == "sweep" and f.kill_server_at_level == level and conn.managed
 
@@ -162,11 +189,22 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 # client lag); reference counting frees the level's garbage, the rest goes after.
                 gc.disable()
                 try:
-                    res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
-                                          level=level, concurrency=c, max_tokens=exp.output_tokens,
-                                          t0=t0, n_requests=n, duration_s=duration,
-                                          input_tokens=exp.input_tokens, on_record=on_record,
-                                          should_stop=dead)
+                    if rate is not None:
+                        due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration)
+                        res = await run_open_level(client, lambda i: prompt(first_prompt + i),
+                                                   phase=name, level=level, due_s=due,
+                                                   max_tokens=exp.output_tokens, t0=t0,
+                                                   max_concurrency=exp.max_concurrency,
+                                                   input_tokens=exp.input_tokens,
+                                                   on_record=on_record, should_stop=dead)
+                        res["rate"] = rate
+                    else:
+                        res = await run_level(client, lambda i: prompt(first_prompt + i), phase=name,
+                                              level=level, concurrency=c, max_tokens=exp.output_tokens,
+                                              t0=t0, n_requests=n, duration_s=duration,
+                                              input_tokens=exp.input_tokens, on_record=on_record,
+                                              should_stop=dead,
+                                              ramp_s=exp.ramp_s if name == "sweep" else 0.0)
                 finally:
                     gc.enable()
                 gc.collect()
@@ -190,6 +228,11 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                      exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
                                      rule, step_ref_s=step / 1e3 if step else None)
                 _merge_server(figs, srv)
+                if res.get("rate") is not None:
+                    figs.update(rate_figures(res["records"], res["due_s"], res["rate"],
+                                             exp.max_rate_error))
+                    figs["valid"] = float(figs["valid"] and not figs["rate_missed"])
+                figs.update(goodput(res["records"], res["wall_s"], exp.slo))
                 write(res)
                 return figs
 
@@ -212,6 +255,9 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     figs = figures(res, srv)
                     single = {"single_stream_tpot_ms": figs.get("tpot_ms_p50"),
                               "single_stream_tpot_ms_mean": figs.get("tpot_ms_mean"),
+                              "single_stream_tpot_ms_n": figs.get("tpot_ms_n"),
+                              "single_stream_tpot_ms_ci_lo": figs.get("tpot_ms_p50_ci_lo"),
+                              "single_stream_tpot_ms_ci_hi": figs.get("tpot_ms_p50_ci_hi"),
                               "single_stream_ttft_ms": figs.get("ttft_ms_p50"),
                               "single_stream_itl_ms_p50": figs.get("itl_ms_p50"),
                               "single_stream_e2e_ms": figs.get("e2e_ms_p50"),
@@ -240,21 +286,25 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     if src:
                         rec.set_tags({f"server_metrics.{k}": v for k, v in src.items()})
 
-                for c in exp.concurrency[:exp.limit_points]:
+                for c in sweep_levels(exp):
                     if exp.reset_prefix_cache:
                         await admin.reset_prefix_cache(http, cache)
                     before = await admin.scrape(http, conn.model)
                     n = None if exp.duration_s else requests_for(exp, c)
-                    res = await phase("sweep", c, c, n, exp.duration_s, 0, progress)
+                    rate = c if exp.load == "open" else None
+                    res = await phase("sweep", c, 0 if rate else c, n, exp.duration_s, 0, progress,
+                                      rate=rate)
+                    lvl = f"rate {c:g}/s" if rate else f"concurrency={c}"
                     if completed(res) < len(res["records"]) and conn.managed is not None:
                         await admin.settle(http, conn)  # a dying server closes sockets before it exits
                     if not conn.alive() or (completed(res) == 0 and conn.managed is None):
                         figs = figures(res, {})
                     if not conn.alive():
-                        rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]}, step=c)
+                        rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]},
+                                        step=step_of(exp, c))
                         finish(out, exp, rows, measured, summary, rec, jsonl)
                         raise ServerDied(
-                            f"vLLM died during level concurrency={c} ({figs['completed']} of "
+                            f"vLLM died during level {lvl} ({figs['completed']} of "
                             f"{figs['requests']} requests completed; {len(measured)} level(s) measured "
                             f"before it); last lines of its log:\n{conn.log_tail()}")
                     if completed(res) == 0 and conn.managed is None:
@@ -263,18 +313,36 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                         except httpx.HTTPError as e:
                             finish(out, exp, rows, measured, summary, rec, jsonl)
                             raise ServerError(f"endpoint {conn.base_url} stopped answering during "
-                                              f"level concurrency={c}: {type(e).__name__}: {e}") from None
+                                              f"level {lvl}: {type(e).__name__}: {e}") from None
                     srv, _ = await admin.server_view(http, conn.model, before, completed(res))
                     figs = figures(res, srv)
                     if not figs["valid"]:
-                        log.warning(describe_invalid(f"level c={c}", figs, exp.max_client_lag_ms))
-                    rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=c)
+                        log.warning(describe_invalid(f"level {lvl}", figs, exp.max_client_lag_ms))
+                    rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)},
+                                    step=step_of(exp, c))
                     measured.append((c, figs))
-                    rows.append([c] + [figs.get(k) for k in ROW_KEYS] + [invalid_reason(figs) or None])
+                    rows.append([c] + [figs.get(k, suppressed(figs, k)) for k in ROW_KEYS]
+                                + [invalid_reason(figs) or None])
 
     rec.set_tags({"prefix_cache": _prefix_cache_tag(exp, cache)})
     finish(out, exp, rows, measured, summary, rec, jsonl)
     return summary
+
+
+def _load_tag(exp: MacroConfig) -> str:
+    if exp.load == "open":
+        cap = f", at most {exp.max_concurrency} in flight" if exp.max_concurrency else ""
+        return (f"open loop: gamma arrivals (burstiness {exp.burstiness:g}; 1 = Poisson) at "
+                f"{exp.request_rate} req/s{cap}; latencies also from the scheduled send; "
+                "step = rate x 1000")
+    ramp = f", workers started over {exp.ramp_s:g} s" if exp.ramp_s else ", all workers at once"
+    return f"closed loop: {exp.concurrency} workers{ramp}; step = concurrency"
+
+
+def _max_in_flight(exp: MacroConfig) -> int:
+    if exp.load == "open":
+        return exp.max_concurrency or 256
+    return max(exp.concurrency)
 
 
 def _prefix_cache_tag(exp: MacroConfig, cache: dict) -> str:

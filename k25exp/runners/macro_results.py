@@ -39,34 +39,44 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
     tput = [f["output_tok_s"] for _, f in measured]
     peak_i = max(range(len(tput)), key=tput.__getitem__)
     sat = saturation(levels, tput, exp.saturation_gain)
-    s = {"peak_output_tok_s": tput[peak_i], "peak_concurrency": levels[peak_i],
+    unit = "rate" if exp.load == "open" else "concurrency"
+    s = {"peak_output_tok_s": tput[peak_i], f"peak_{unit}": levels[peak_i],
          "invalid_levels": sum(1 for _, f in measured if not f["valid"]),
          "stalled_levels": sum(1 for _, f in measured if f["delivery_stalls"]),
          "sweep_errors": sum(f["errors"] for _, f in measured)}
     if sat is not None:
-        s["saturation_concurrency"] = sat
+        s[f"saturation_{unit}"] = sat
     rec.log_metrics(s)
     rec.set_tags({"saturation": str(sat) if sat is not None else
                   f"none within the sweep (throughput still grew by more than "
                   f"{exp.saturation_gain:.0%} at its last step)"})
     summary.update(s)
-    text = tables.write(out / "results", COLUMNS, rows,
+    good = [f.get("good_fraction") for _, f in measured]
+    if exp.slo:
+        s_good = {"max_good_fraction": max(g for g in good if g is not None)} if any(
+            g is not None for g in good) else {}
+        rec.log_metrics(s_good)
+        summary.update(s_good)
+    cols = COLUMNS if exp.load == "closed" else [tables.Column("rate/s", "{:g}", 8)] + COLUMNS[1:]
+    text = tables.write(out / "results", cols, rows,
                         f"macro: {exp.input_tokens} in / {exp.output_tokens} out tokens; ms "
                         "except tok/s, req/s; srv_tpot = server's mean; lag = client send lag; "
                         "loop = client loop lag (mean); cpu = client cores busy; stalls = delivery "
                         "stalls (tokens held back, released in a burst), stall_max their longest "
-                        "silence; tpot_nostall = mean TPOT of the requests no stall touched")
+                        "silence; tpot_nostall = mean TPOT of the requests no stall touched; "
+                        "n<N = too few samples for that percentile")
     print(text, flush=True)
     pdir = out / "plots"
+    xname = "request rate (req/s)" if exp.load == "open" else "concurrency"
     flagged = [t if not f["valid"] else None for t, (_, f) in zip(tput, measured)]
     plots.sweep(pdir / "throughput_vs_concurrency.png", levels,
                 {"output tok/s": tput, "invalid: client lag or delivery stall": flagged},
-                "concurrency", "output tokens / s", "Throughput vs concurrency",
+                xname, "output tokens / s", f"Throughput vs {xname}",
                 vline=sat, vline_label=f"saturation (gain < {exp.saturation_gain:.0%})")
     plots.sweep(pdir / "tpot_vs_concurrency.png", levels,
                 {k: [f.get(f"tpot_ms_{k}") for _, f in measured] for k in ("p50", "p90", "p99")}
                 | {"server mean": [f.get("server_tpot_ms_mean") for _, f in measured]},
-                "concurrency", "TPOT (ms)", "TPOT vs concurrency (vLLM definition)")
+                xname, "TPOT (ms)", f"TPOT vs {xname} (vLLM definition)")
     cdf_plot(pdir / "latency_cdf.png", out / "requests.jsonl")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import httpx
 import orjson
@@ -162,6 +162,11 @@ def finish(rec: dict) -> dict:
     rec["prompt_tokens"] = usage.get("prompt_tokens")
     rec["ttft_s"] = cs[0] if cs else None
     rec["e2e_s"] = cs[-1] if cs else None
+    # The user's view: from when the request was due (open loop: its arrival; closed loop: the
+    # end of the worker's previous response), so time spent waiting in the client counts.
+    wait = max(rec["lag_ms"], 0.0) / 1e3 if rec.get("lag_ms") is not None else 0.0
+    rec["ttft_sched_s"] = cs[0] + wait if cs else None
+    rec["e2e_sched_s"] = cs[-1] + wait if cs else None
     rec["tpot_s"] = ((cs[-1] - cs[0]) / (out - 1)) if cs and out and out > 1 else None
     if rec.get("error") is None and rec.get("status") == 200:
         if not cs:
@@ -205,12 +210,15 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
                     n_requests: Optional[int] = None, duration_s: Optional[float] = None,
                     input_tokens: Optional[int] = None,
                     on_record: Optional[Callable[[dict], None]] = None,
-                    should_stop: Optional[Callable[[], bool]] = None) -> dict:
+                    should_stop: Optional[Callable[[], bool]] = None,
+                    ramp_s: float = 0.0) -> dict:
     """Closed loop: `concurrency` workers, each sending its next request when the last ends.
 
     Request i uses prompt(i), so the same prompts are sent at every level. Stops after
     `n_requests`, or when `duration_s` has passed (requests in flight finish), or when
-    `should_stop()` says so. Returns {"records", "wall_s", "cpu_s", "loop_lag_ms"}.
+    `should_stop()` says so. ramp_s staggers the start: worker w sends its first request at
+    w × ramp_s / concurrency, so rounds do not move in lockstep (0: all at once).
+    Returns {"records", "wall_s", "cpu_s", "loop_lag_ms"}.
     """
     if (n_requests is None) == (duration_s is None):
         raise ValueError("give exactly one of n_requests and duration_s")
@@ -223,7 +231,9 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
 
     async def worker(w: int) -> None:
         nonlocal nxt
-        scheduled = time.perf_counter()
+        scheduled = start + w * ramp_s / concurrency
+        if scheduled > time.perf_counter():
+            await asyncio.sleep(scheduled - time.perf_counter())
         while True:
             if should_stop and should_stop():
                 return
@@ -249,3 +259,44 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
     wall = time.perf_counter() - start
     return {"records": records, "wall_s": wall, "cpu_s": time.process_time() - cpu0,
             "loop_lag_ms": await lag.stop()}
+
+
+async def run_open_level(client: CompletionClient, prompt: Callable[[int], str], *, phase: str,
+                         level: int, due_s: Sequence[float], max_tokens: int, t0: float,
+                         max_concurrency: Optional[int] = None,
+                         input_tokens: Optional[int] = None,
+                         on_record: Optional[Callable[[dict], None]] = None,
+                         should_stop: Optional[Callable[[], bool]] = None) -> dict:
+    """Open loop: request i is due at due_s[i] seconds after the level starts, whatever the
+    responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency, a due
+    request waits in the client for a free slot, and that wait counts in its latency from the
+    scheduled send (ttft_sched, e2e_sched). Returns as run_level, plus "due_s"."""
+    records: list[dict] = []
+    start = time.perf_counter()
+    cpu0 = time.process_time()
+    lag = LoopLag()
+    lag.start()
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one(i: int, due: float) -> None:
+        delay = start + due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if should_stop and should_stop():
+            return
+        rec = {"phase": phase, "level": level, "i": i, "worker": None,
+               "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
+               "scheduled_s": start + due - t0}
+        if slots is None:
+            await client.complete(prompt(i), max_tokens, rec, t0)
+        else:
+            async with slots:
+                await client.complete(prompt(i), max_tokens, rec, t0)
+        records.append(rec)
+        if on_record:
+            on_record(rec)
+
+    await asyncio.gather(*(one(i, float(d)) for i, d in enumerate(due_s)))
+    wall = time.perf_counter() - start
+    return {"records": records, "wall_s": wall, "cpu_s": time.process_time() - cpu0,
+            "loop_lag_ms": await lag.stop(), "due_s": list(map(float, due_s))}

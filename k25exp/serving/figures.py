@@ -38,18 +38,42 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
+
 from k25exp.serving import stalls
-from k25exp.stats import mean, percentile
+from k25exp.stats import bootstrap_ci, mean, min_samples, percentile
 
 MAX_CLIENT_CPU = 0.9  # of one core: beyond it the single event loop is the bottleneck
 
 
 def _pcts(prefix: str, xs: Sequence[float], qs: Sequence[int], scale: float = 1e3) -> dict:
+    """prefix_p<q> for the percentiles the sample count supports (stats.min_samples), the
+    mean, and prefix_n, the count every one of them is over."""
     if not xs:
         return {}
-    out = {f"{prefix}_p{q}": percentile(xs, q) * scale for q in qs}
+    out = {f"{prefix}_p{q}": percentile(xs, q) * scale for q in qs if len(xs) >= min_samples(q)}
     out[f"{prefix}_mean"] = mean(xs) * scale
+    out[f"{prefix}_n"] = len(xs)
     return out
+
+
+def _median_ci(prefix: str, xs: Sequence[float], scale: float = 1e3) -> dict:
+    """Bootstrap 95 % interval of the median: prefix_p50_ci_lo / _hi."""
+    if len(xs) < 2:
+        return {}
+    lo, hi = bootstrap_ci(xs)
+    return {f"{prefix}_p50_ci_lo": lo * scale, f"{prefix}_p50_ci_hi": hi * scale}
+
+
+def suppressed(figs: dict, key: str) -> Optional[str]:
+    """Why a percentile figure is absent: 'n<100' when its sample count was too small."""
+    import re
+
+    m = re.fullmatch(r"(.+)_p(\d+)", key)
+    if not m or key in figs:
+        return None
+    n, need = figs.get(f"{m.group(1)}_n"), min_samples(int(m.group(2)))
+    return f"n<{need}" if n is not None and n < need else None
 
 
 def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float] = None,
@@ -65,8 +89,17 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
                            "errors": len(records) - len(ok),
                            "malformed_chunks": sum(r.get("malformed", 0) for r in records),
                            "wall_s": wall_s}
-    m.update(_pcts("ttft_ms", [r["ttft_s"] for r in ok], (50, 90, 99)))
-    m.update(_pcts("tpot_ms", [r["tpot_s"] for r in ok if r["tpot_s"] is not None], (50, 90, 99)))
+    ttft = [r["ttft_s"] for r in ok]
+    tpot = [r["tpot_s"] for r in ok if r["tpot_s"] is not None]
+    m.update(_pcts("ttft_ms", ttft, (50, 90, 99)))
+    m.update(_pcts("tpot_ms", tpot, (50, 90, 99)))
+    m.update(_median_ci("ttft_ms", ttft))
+    m.update(_median_ci("tpot_ms", tpot))
+    # from the scheduled send: what a user whose request was due then saw (client queueing in)
+    m.update(_pcts("ttft_sched_ms", [r["ttft_sched_s"] for r in ok
+                                     if r.get("ttft_sched_s") is not None], (50, 90, 99)))
+    m.update(_pcts("e2e_sched_ms", [r["e2e_sched_s"] for r in ok
+                                    if r.get("e2e_sched_s") is not None], (50, 99)))
     m.update(stalls.figures(records))
     if step is not None:
         m["stall_ref_step_ms"] = step * 1e3
@@ -85,6 +118,9 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     out_tokens = sum(r["output_tokens"] or 0 for r in ok)
     m["output_tokens"] = out_tokens
     m["output_tok_s"] = out_tokens / wall_s if wall_s > 0 else 0.0
+    if len(ok) >= 2 and wall_s > 0:  # requests resampled, the level's wall time kept
+        lo, hi = bootstrap_ci([r["output_tokens"] or 0 for r in ok], stat=np.sum)
+        m["output_tok_s_ci_lo"], m["output_tok_s_ci_hi"] = lo / wall_s, hi / wall_s
     m["request_s"] = len(ok) / wall_s if wall_s > 0 else 0.0
     if target_output is not None:
         m["output_tokens_mismatch"] = sum(r["output_tokens"] != target_output for r in ok)
@@ -92,10 +128,11 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
         m["prompt_tokens_mismatch"] = sum(r["prompt_tokens"] is not None
                                           and r["prompt_tokens"] != target_input for r in ok)
     lags = [r["lag_ms"] for r in records if r.get("lag_ms") is not None]
-    if lags:
+    if lags:  # a client-health check, not a figure: judged on whatever count there is
         m["client_lag_ms_p50"] = percentile(lags, 50)
         m["client_lag_ms_p99"] = percentile(lags, 99)
         m["client_lag_ms_max"] = max(lags)
+        m["client_lag_n"] = len(lags)
     if loop_lag_ms:
         m["client_loop_lag_ms_p50"] = percentile(loop_lag_ms, 50)
         m["client_loop_lag_ms_p99"] = percentile(loop_lag_ms, 99)
@@ -114,6 +151,8 @@ def invalid_reason(figs: dict) -> str:
     why = []
     if figs.get("client_lagged"):
         why.append("client lag")
+    if figs.get("rate_missed"):
+        why.append("rate missed")
     if figs.get("delivery_stalls"):
         why.append("delivery stall")
     return " + ".join(why)
@@ -126,6 +165,11 @@ def describe_invalid(what: str, figs: dict, limit_ms: float) -> str:
         parts.append(f"the client lagged (send lag p99 {figs.get('client_lag_ms_p99', 0):.1f} ms, "
                      f"loop lag mean {figs.get('client_loop_lag_ms_mean', 0):.1f} ms, limit "
                      f"{limit_ms:.1f} ms; CPU {100 * figs.get('client_cpu_util', 0):.0f} % of a core)")
+    if figs.get("rate_missed"):
+        parts.append(f"the client sent at {figs.get('achieved_rate_req_s', 0):.3f} req/s, "
+                     f"{figs.get('rate_error_pct', 0):+.1f} % off the schedule's "
+                     f"{figs.get('scheduled_rate_req_s', 0):.3f} req/s (target "
+                     f"{figs.get('target_rate_req_s', 0):g})")
     if figs.get("delivery_stalls"):
         parts.append(f"{figs['delivery_stalls']:.0f} delivery stall(s) in "
                      f"{figs.get('stalled_requests', 0):.0f} request(s), longest "
@@ -153,3 +197,41 @@ def saturation(levels: Sequence[int], tok_s: Sequence[float], gain: float) -> Op
         if t_next < t * (1 + gain):
             return c
     return None
+
+
+SLO_KEYS = {"ttft_ms": "ttft_sched_s", "tpot_ms": "tpot_s", "e2e_ms": "e2e_sched_s"}
+
+
+def goodput(records: Sequence[dict], wall_s: float, slo: dict) -> dict:
+    """vLLM's --goodput: a request is good when it succeeded and meets every SLO given
+    (ttft_ms, tpot_ms, e2e_ms; TTFT and E2E counted from the scheduled send, as a user
+    waits). goodput_req_s / goodput_tok_s over the level's wall time; good_fraction of all
+    requests sent (failed ones included)."""
+    if not slo:
+        return {}
+    good = [r for r in records if r["ok"] and all(
+        r.get(SLO_KEYS[k]) is not None and r[SLO_KEYS[k]] * 1e3 <= v for k, v in slo.items())]
+    return {"goodput_req_s": len(good) / wall_s if wall_s > 0 else 0.0,
+            "goodput_tok_s": sum(r["output_tokens"] or 0 for r in good) / wall_s if wall_s > 0 else 0.0,
+            "good_fraction": len(good) / len(records) if records else 0.0}
+
+
+def rate_figures(records: Sequence[dict], due_s: Sequence[float], target: float,
+                 max_error: float) -> dict:
+    """Open loop: the target rate, the rate the drawn schedule realises (a random schedule
+    of n requests is ±1/√n off its mean), the rate the client actually sent at, and whether
+    that is more than max_error (a fraction) off the schedule: then the level measured the
+    client's pace, not the one asked for, and is flagged (`rate_missed`)."""
+    from k25exp.serving.arrivals import rate_of
+
+    sched = rate_of(due_s)
+    sent = rate_of([r["sent_s"] for r in records if r.get("sent_s") is not None])
+    m = {"target_rate_req_s": target}
+    if sched is not None:
+        m["scheduled_rate_req_s"] = sched
+    if sent is not None:
+        m["achieved_rate_req_s"] = sent
+    if sched and sent:
+        m["rate_error_pct"] = (sent - sched) / sched * 100
+    m["rate_missed"] = float(abs(m.get("rate_error_pct", 0.0)) > max_error * 100)
+    return m

@@ -51,13 +51,21 @@ def _word_tokens(tok) -> tuple[str, ...]:
 
 
 class PromptBuilder:
-    def __init__(self, tok, length: int, seed: int):
+    """Prompt i: `length` tokens. With prefix_tokens > 0, its first prefix_tokens words are
+    the shared prefix of group i mod prefix_groups (the case prefix caching is for), the rest
+    its own, so prompts of one group share exactly that prefix."""
+
+    def __init__(self, tok, length: int, seed: int, prefix_tokens: int = 0, prefix_groups: int = 1):
         self.tok, self.length, self.seed = tok, length, seed
+        self.prefix_tokens, self.prefix_groups = prefix_tokens, max(prefix_groups, 1)
         self.words = _word_tokens(tok)
         self.overhead = count_tokens(tok, "")  # BOS and friends
         if length <= self.overhead:
             raise ValueError(f"input length {length} leaves no room after {self.overhead} "
                              "special token(s)")
+        if prefix_tokens and prefix_tokens >= length - self.overhead:
+            raise ValueError(f"prefix of {prefix_tokens} tokens leaves no room for a prompt's own "
+                             f"part in {length} tokens")
         self._cache: dict[int, str] = {}
 
     def __call__(self, index: int) -> str:
@@ -68,13 +76,15 @@ class PromptBuilder:
     def _build(self, index: int) -> str:
         rng = random.Random(f"{self.seed}/{index}")
         n = self.length - self.overhead
-        words = [rng.choice(self.words) for _ in range(n)]
+        shared = random.Random(f"{self.seed}/prefix/{index % self.prefix_groups}")
+        prefix = [shared.choice(self.words) for _ in range(self.prefix_tokens)]
+        words = prefix + [rng.choice(self.words) for _ in range(n - self.prefix_tokens)]
         for _ in range(4 * n + 20):
             text = "".join(words).lstrip()
             have = count_tokens(self.tok, text)
             if have == self.length:
                 return text
-            if have > self.length:
+            if have > self.length and len(words) > len(prefix):
                 words.pop()
             else:
                 words.append(rng.choice(self.words))

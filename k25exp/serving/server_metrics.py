@@ -44,6 +44,9 @@ SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# Prefix cache, in tokens: queried (looked up) and hit, over the level
+PREFIX_CACHE = {"vllm:prefix_cache_queries_total": "prefix_cache_queries",
+                "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
 
 
 def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
@@ -51,7 +54,7 @@ def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
     '<per-position counter>[i]': v} summed over engines, for one model. Text that is not in
     Prometheus' exposition format raises ValueError (prometheus_client's parser)."""
     want = {f"{n}{s}" for names in HISTOGRAMS.values() for n in names for s in ("_sum", "_count")}
-    want |= set(SPEC_COUNTERS) | {SPEC_PER_POS}
+    want |= set(SPEC_COUNTERS) | {SPEC_PER_POS} | set(PREFIX_CACHE)
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -83,7 +86,20 @@ def level_means(before: dict[str, float], after: dict[str, float]) -> tuple[dict
                     figures["server_requests"] = n
             break
     figures.update(spec_figures(before, after))
+    figures.update(prefix_cache_figures(before, after))
     return figures, sources
+
+
+def prefix_cache_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """prefix_cache_hit_rate = prompt tokens found in the prefix cache / tokens looked up, over
+    the level (vLLM's counters); {} when the server exports none."""
+    if not all(k in after for k in PREFIX_CACHE):
+        return {}
+    d = {short: after[name] - before.get(name, 0.0) for name, short in PREFIX_CACHE.items()}
+    out = dict(d)
+    if d["prefix_cache_queries"] > 0:
+        out["prefix_cache_hit_rate"] = d["prefix_cache_hits"] / d["prefix_cache_queries"]
+    return out
 
 
 def spec_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -154,3 +154,12 @@ class MlflowRun:
             raise
         finally:
             self.client.set_terminated(self.run_id, status, end_time=end_time)
+
+    def child(self, run_name: str, tags: Optional[Mapping[str, str]] = None) -> "MlflowRun":
+        """A nested run under this one (a search's probe), in the same experiment; the caller
+        ends it."""
+        exp_id = self.client.get_run(self.run_id).info.experiment_id
+        r = self.client.create_run(exp_id, run_name=run_name,
+                                   tags={"mlflow.parentRunId": self.run_id, **(tags or {})})
+        return MlflowRun(self.client, r.info.run_id)
+

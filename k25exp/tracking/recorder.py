@@ -19,6 +19,18 @@ class MemoryRecorder:
     def __init__(self) -> None:
         self.metrics: list[tuple[str, float, Optional[int]]] = []
         self.tags: dict[str, str] = {}
+        self.children: list[tuple[str, "MemoryRecorder"]] = []
+        self.status = "RUNNING"
+
+    def child(self, run_name: str, tags: Optional[Mapping[str, str]] = None) -> "MemoryRecorder":
+        """A nested recorder (MLflow: a child run), kept in `children`."""
+        c = MemoryRecorder()
+        c.set_tags(tags or {})
+        self.children.append((run_name, c))
+        return c
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.status = status
 
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         self.metrics += [(k, float(v), step) for k, v in metrics.items()]

@@ -77,7 +77,10 @@ def test_figures_follow_vllm_definitions():
     assert a["tpot_s"] == pytest.approx((0.16 - 0.10) / (5 - 1))  # tokens from usage, not chunks
     assert b["tpot_s"] == pytest.approx(0.10)
     f = level_figures([a, b], wall_s=0.5, max_client_lag_ms=1.0, target_output=5, target_input=9)
-    assert f["ttft_ms_p50"] == pytest.approx(150.0) and f["e2e_ms_p99"] == pytest.approx(298.6)
+    assert f["ttft_ms_p50"] == pytest.approx(150.0) and f["e2e_ms_p50"] == pytest.approx(230.0)
+    assert f["e2e_ms_n"] == 2 and "e2e_ms_p99" not in f  # p99 of 2 requests is no figure
+    # from the scheduled send: each request's lag added (0.5 ms, 1.5 ms)
+    assert f["ttft_sched_ms_p50"] == pytest.approx((100.5 + 201.5) / 2)
     assert f["tpot_ms_mean"] == pytest.approx((15 + 100) / 2)
     assert f["itl_ms_p50"] == pytest.approx(25.0)  # gaps 10, 20, 30 and 100 ms
     assert f["output_tok_s"] == pytest.approx(7 / 0.5) and f["request_s"] == pytest.approx(4.0)

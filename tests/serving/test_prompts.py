@@ -32,3 +32,19 @@ def test_prompts_depend_only_on_seed_and_index(tok):
 def test_a_length_with_no_room_is_an_error(tok):
     with pytest.raises(ValueError, match="no room"):
         PromptBuilder(tok, 1, 0)  # the BOS alone is one token
+
+
+def test_prompts_of_a_group_share_exactly_their_prefix(tok):
+    b = PromptBuilder(tok, 64, seed=2, prefix_tokens=40, prefix_groups=3)
+    ids = [tok(b(i), add_special_tokens=True)["input_ids"] for i in range(9)]
+    assert {len(x) for x in ids} == {64}
+    bos = count_tokens(tok, "")
+    for i in range(9):
+        for j in range(i + 1, 9):
+            common = next((k for k, (a, c) in enumerate(zip(ids[i], ids[j])) if a != c), 64)
+            if i % 3 == j % 3:  # same group: the 40 prefix tokens (after the BOS), then apart
+                assert 40 + bos <= common < 64
+            else:               # other groups: apart right after the BOS (beyond chance)
+                assert common <= bos + 1
+    with pytest.raises(ValueError, match="no room for a prompt's own part"):
+        PromptBuilder(tok, 16, 0, prefix_tokens=15)

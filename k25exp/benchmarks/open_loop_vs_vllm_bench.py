@@ -1,0 +1,84 @@
+"""k25exp's open-loop client against vLLM's own `bench serve`, at the same request rates and
+burstiness, on one vLLM server (started once): TTFT and TPOT medians side by side.
+
+    python -m k25exp.benchmarks.open_loop_vs_vllm_bench --rates 1 2 4 --requests 40
+
+Both send prompts of exactly --input-len tokens (k25exp: whole-word prompts; vLLM: its random
+dataset) and --output-len tokens with ignore_eos, Poisson arrivals (burstiness 1), each with
+its own seed. vLLM's TTFT is from the actual send (its benchmark starts the clock in the
+request task), so it is compared with k25exp's ttft_ms_p50 (also from the actual send), not
+with the scheduled-send figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from k25exp.config import register_configs
+from k25exp.config.store import conf_dir
+from k25exp.config.validate import to_typed
+from k25exp.runners import macro
+from k25exp.serving import server
+from k25exp.tracking import MemoryRecorder
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0])
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="k25_vs_vllm_")))
+    a = ap.parse_args()
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = to_typed(compose("config", overrides=[
+            "experiment=macro", "experiment.load=open", "server.port=0", "tracking=none",
+            f"experiment.input_tokens={a.input_len}", f"experiment.output_tokens={a.output_len}",
+            f"experiment.requests={a.requests}", "experiment.single_stream_requests=0",
+            "experiment.progress=false", f"paths.outputs={a.out}"]))
+    rows = []
+    try:
+        for rate in a.rates:
+            exp = replace(cfg.experiment, request_rate=[rate])
+            rec = MemoryRecorder()
+            macro.run(replace(cfg, experiment=exp), a.out / f"k25_{rate:g}", rec)
+            step = int(round(rate * 1000))
+            ours = {k: rec.latest(k).get(step) for k in ("ttft_ms_p50", "tpot_ms_p50",
+                                                         "achieved_rate_req_s", "valid")}
+            conn = server.running()[0]
+            res = a.out / f"vllm_{rate:g}.json"
+            subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+                            "--backend", "vllm", "--base-url", conn.base_url,
+                            "--model", cfg.server.served_model_name, "--tokenizer", str(conn.model_path),
+                            "--dataset-name", "random", "--random-input-len", str(a.input_len),
+                            "--random-output-len", str(a.output_len), "--ignore-eos",
+                            "--num-prompts", str(a.requests), "--request-rate", str(rate),
+                            "--burstiness", "1.0", "--seed", "1", "--save-result",
+                            "--result-dir", str(a.out), "--result-filename", res.name],
+                           check=True, capture_output=True, text=True)
+            theirs = json.loads(res.read_text())
+            rows.append((rate, ours, theirs))
+    finally:
+        server.stop_all()
+    print(f"# {a.requests} requests per rate, {a.input_len} in / {a.output_len} out, Poisson")
+    print("# rate  k25_ttft_p50  vllm_ttft_p50  diff%   k25_tpot_p50  vllm_tpot_p50  diff%  "
+          "k25_sent_rate  vllm_rate  k25_valid")
+    for rate, o, t in rows:
+        d1 = (o["ttft_ms_p50"] - t["median_ttft_ms"]) / t["median_ttft_ms"] * 100
+        d2 = (o["tpot_ms_p50"] - t["median_tpot_ms"]) / t["median_tpot_ms"] * 100
+        print(f"{rate:6g} {o['ttft_ms_p50']:13.2f} {t['median_ttft_ms']:14.2f} {d1:+6.1f} "
+              f"{o['tpot_ms_p50']:14.2f} {t['median_tpot_ms']:14.2f} {d2:+6.1f} "
+              f"{o['achieved_rate_req_s']:14.3f} {t['request_throughput']:10.3f} {o['valid']:10.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""experiment=slo_search: the search on a known threshold (synthetic probes), and end to end
+against the fake vLLM server held to one request at a time, whose latency from the
+scheduled send grows with the rate in a known way."""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.config.validate import ConfigError, to_typed
+from k25exp.runners import runner_for
+from k25exp.runners.slo_search import NoLoadMeetsSlo, Search
+from k25exp.serving import server
+from k25exp.tracking import MemoryRecorder
+from tests.conftest import compose_cfg
+from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
+
+
+def _search(threshold, **kw):
+    exp = to_typed(compose_cfg("experiment=slo_search", *[f"experiment.{k}={v}" for k, v in kw.items()]),
+                   gpu_count=lambda: 0).experiment
+    s, history = Search(exp), []
+    while (x := s.next(history)) is not None:
+        history.append((x, x <= threshold))
+    return history
+
+
+def test_bracketing_then_bisection_finds_a_known_threshold():
+    h = _search(5.3)  # start 1: 1 2 4 8 (fails), then 6 (fails), 5, 5.5 (fails): 5 and 5.5 within 10 %
+    assert [x for x, _ in h] == [1, 2, 4, 8, 6, 5, 5.5]
+    best = max(x for x, m in h if m)
+    assert best == 5 and (5.5 - best) / best <= 0.1
+    h = _search(0.3)  # halving from 1: 0.5 (fails), 0.25 (meets), then bisection up to 10 %
+    assert [x for x, _ in h] == [1, 0.5, 0.25, 0.375, 0.3125, 0.28125, 0.296875]
+    assert max(x for x, m in h if m) == pytest.approx(0.3, rel=0.1)
+    h = _search(6, search_over="concurrency", load="closed", start=1)  # integers: 1 2 4 8 6 7
+    assert [x for x, _ in h] == [1, 2, 4, 8, 6, 7] and max(x for x, m in h if m) == 6
+    assert all(not m for _, m in _search(0.01))  # never met: down to lowest, then stops
+
+
+def test_bad_search_settings_are_named():
+    with pytest.raises(ConfigError, match=r"experiment.load='closed' with search_over=rate"):
+        to_typed(compose_cfg("experiment=slo_search", "experiment.load=closed"), gpu_count=lambda: 0)
+    with pytest.raises(ConfigError, match=r"p99 needs at least 100 requests"):
+        to_typed(compose_cfg("experiment=slo_search", "experiment.percentile=99"), gpu_count=lambda: 0)
+    with pytest.raises(ConfigError, match=r"experiment.slo.latency_ms: unknown SLO"):
+        to_typed(compose_cfg("experiment=slo_search", "+experiment.slo.latency_ms=3"), gpu_count=lambda: 0)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    yield fake_model(tmp_path_factory.mktemp("fake_model"))
+    server.stop_all()
+    assert not orphans(marks=FAKE_MARKS)
+
+
+def _fake_search(model, tmp_path, *overrides):
+    ov = [o for o in fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=25") if o != "experiment=macro"]
+    cfg = to_typed(compose_cfg("experiment=slo_search", *ov, "experiment.input_tokens=16",
+                               "experiment.output_tokens=4", "experiment.warmup=1",
+                               "experiment.max_concurrency=1", "experiment.burstiness=1000",
+                               "experiment.progress=false", "experiment.min_requests=12",
+                               *overrides, f"paths.outputs={tmp_path}"), gpu_count=lambda: 0)
+    rec = MemoryRecorder()
+    return rec, runner_for(cfg.experiment)(cfg, tmp_path, rec)
+
+
+@pytest.mark.fake_server
+def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
+    # One request at a time, each ~4 tokens 25 ms apart ≈ 0.08-0.1 s of service: regular
+    # arrivals (burstiness 1000) queue once the rate passes ~1 / service ≈ 10-12 req/s, and
+    # TTFT from the scheduled send then grows with every request. Below that it is ~0.03 s.
+    rec, summary = _fake_search(model, tmp_path, "experiment.start=2",
+                                "experiment.slo={ttft_ms: 150}", "experiment.max_probes=8")
+    answer = summary["max_rate_meeting_slo"]
+    assert 4 <= answer <= 14, summary
+    probes = [(c.latest("target_rate_req_s"), name) for name, c in rec.children]
+    assert len(rec.children) == summary["probes"] >= 3
+    assert all(c.status == "FINISHED" for _, c in rec.children)
+    starts = [c.latest("server_starts").get(None) for _, c in rec.children]
+    assert starts[0] == 1.0 and set(starts[1:]) == {0.0}  # one server start for the search
+    assert (tmp_path / "probes.txt").exists() and (tmp_path / "plots" / "probes.png").exists()
+    assert "the next probe up" in rec.tags["slo_search.answer"] or "every probe" in rec.tags["slo_search.answer"]
+    assert probes
+
+
+@pytest.mark.fake_server
+def test_an_slo_no_load_meets_is_refused_by_saying_so(model, tmp_path):
+    with pytest.raises(NoLoadMeetsSlo, match=r"no probed req/s met the SLO \(p90 of ttft_ms <= 1\); "
+                       r"tried 1, 0.5, 0.25"):
+        _fake_search(model, tmp_path, "experiment.slo={ttft_ms: 1}", "experiment.lowest=0.25",
+                     "experiment.start=1")
