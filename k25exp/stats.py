@@ -7,7 +7,8 @@ RuntimeWarning, so a figure over nothing cannot be logged by accident.
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -53,3 +54,14 @@ def bootstrap_ci(xs: Sequence[float], stat=np.median, level: float = 0.95, n_boo
     vals = stat(a[idx], axis=1)
     lo, hi = np.percentile(vals, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     return float(lo), float(hi)
+
+
+def suppressed(figs: dict, key: str) -> Optional[str]:
+    """Why a percentile figure `<name>_p<q>` is absent from figs: 'n<100' when the count
+    `<name>_n` beside it was too small; None when it is there or absent for another reason."""
+    m = re.fullmatch(r"(.+)_p(\d+)", key)
+    if not m or key in figs:
+        return None
+    n, need = figs.get(f"{m.group(1)}_n"), min_samples(int(m.group(2)))
+    return f"n<{need}" if n is not None and n < need else None
+

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from k25exp.stats import mean, median, percentile
+from k25exp.stats import mean, median, min_samples, percentile
 
 
 def bus_factor(op: str, world: int) -> float:
@@ -77,6 +77,14 @@ class PointResult:
 
     def blocking_us(self, q: float) -> float:
         return percentile(self.blocking_s, q) * 1e6
+
+    def blocking_figures(self, prefix: str, qs=(50, 99)) -> dict[str, float]:
+        """prefix_p<q> (µs) for the percentiles the number of timed ops supports
+        (stats.min_samples: p99 needs 100), and prefix_n, that number."""
+        n = len(self.blocking_s)
+        out = {f"{prefix}_p{q}": self.blocking_us(q) for q in qs if n >= min_samples(q)}
+        out[f"{prefix}_n"] = n
+        return out
 
     @property
     def blocking_us_mean(self) -> float:

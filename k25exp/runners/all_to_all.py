@@ -42,7 +42,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         m = {"a2a_us": t, "a2a_us_per_token": t / p.label, "algbw_gbps": algbw,
              "busbw_gbps": busbw, "wrong": p.wrong}
         if p.blocking_s:
-            m["a2a_blocking_us_p50"] = p.blocking_us(50)
+            m.update(p.blocking_figures("a2a_blocking_us", (50,)))
         if p.graph_op_us is not None:
             m["a2a_us_graph"] = p.graph_op_us
         rec.log_metrics(m, step=p.label)

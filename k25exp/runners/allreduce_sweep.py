@@ -11,6 +11,7 @@ from k25exp.config.schema import AllReduceSweepConfig, K25Config
 from k25exp.dtypes import dtype_bytes
 from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder
+from k25exp.stats import suppressed
 
 COLUMNS = [
     tables.Column("size(B)", "{}", 12), tables.Column("count", "{}", 12),
@@ -46,13 +47,14 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         m = {"time_us": p.queued_op_us, "algbw_gbps": algbw, "busbw_gbps": busbw,
              "wrong": p.wrong}
         if p.blocking_s:
-            m.update(blocking_us_p50=p.blocking_us(50), blocking_us_p99=p.blocking_us(99))
+            m.update(p.blocking_figures("blocking_us"))
         if p.graph_op_us is not None:
             m["time_us_graph"] = p.graph_op_us
             m["busbw_gbps_graph"] = bandwidths(p.nbytes, m["time_us_graph"] * 1e-6, "all_reduce", world)[1]
         rec.log_metrics(m, step=p.nbytes)
         rows.append([p.nbytes, p.numel, exp.dtype, "sum", p.queued_op_us, algbw, busbw, p.wrong,
-                     m.get("blocking_us_p50"), m.get("blocking_us_p99"), m.get("time_us_graph"),
+                     m.get("blocking_us_p50"), m.get("blocking_us_p99", suppressed(m, "blocking_us_p99")),
+                     m.get("time_us_graph"),
                      m.get("busbw_gbps_graph")])
         xs.append(p.nbytes), bus.append(busbw), t_us.append(p.queued_op_us)
     summary: dict[str, float] = {}

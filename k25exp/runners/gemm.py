@@ -26,6 +26,7 @@ from k25exp.gemm.quant import dequantize, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
 from k25exp.gemm.timing import time_fn
 from k25exp.tracking.recorder import Recorder
+from k25exp.stats import min_samples
 
 
 class GemmFailed(RuntimeError):
@@ -137,7 +138,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     flops = 2 * m * shape.n * shape.k
                     if name == exp.baseline:
                         base[m] = lat
-                    r = Row(label, shape.n, shape.k, name, m, "ok", lat, t.p90_us, flops / lat / 1e6,
+                    r = Row(label, shape.n, shape.k, name, m, "ok", lat, _p90(t), flops / lat / 1e6,
                             nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100,
                             base[m] / lat if m in base else None, err)
                     rows.append(r)
@@ -202,7 +203,7 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
                         graph=exp.graph and name != "reference_grouped_moe")  # data-dependent loop
             lat = t.median_us
             flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
-            r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, t.p90_us, flops / lat / 1e6,
+            r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, _p90(t), flops / lat / 1e6,
                     nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100, None, err,
                     note="reference, not vLLM's path" if name == "reference_grouped_moe" else "")
             rows.append(r)
@@ -268,3 +269,8 @@ def _kernel(spec: dict, key: str):
         return instantiate(spec)
     except InstantiationException as e:
         raise ValueError(f"{key}: cannot build kernel from {dict(spec)}: {e}") from None
+
+
+def _p90(t) -> Optional[float]:
+    """p90 of the timed calls, when there are enough of them to mean one (stats.min_samples)."""
+    return t.p90_us if len(t.samples_us) >= min_samples(90) else None

@@ -36,7 +36,8 @@ from k25exp.serving import admin
 from k25exp.serving.arrivals import schedule
 from k25exp.serving.client import CompletionClient, run_level, run_open_level
 from k25exp.serving.figures import (describe_invalid, goodput, invalid_reason, level_figures,
-                                    rate_figures, suppressed, tpot_gap_pct)
+                                    rate_figures, tpot_gap_pct)
+from k25exp.stats import suppressed
 from k25exp.serving.stalls import StallRule
 from k25exp.serving.progress import Progress
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer

@@ -20,6 +20,7 @@ from k25exp.config.schema import K25Config, NcclBurstConfig
 from k25exp.dtypes import dtype_bytes
 from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder
+from k25exp.stats import suppressed
 
 COLUMNS = [
     tables.Column("tokens", "{}", 8), tables.Column("bytes/step", "{}", 12),
@@ -69,8 +70,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         m = {"burst_ms": p.burst_ms, "queued_op_us": p.queued_op_us,
              "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": p.wrong}
         if p.blocking_s:
-            m.update(op_us_mean=p.blocking_us_mean, op_us_p50=p.blocking_us(50),
-                     op_us_p99=p.blocking_us(99))
+            m.update(op_us_mean=p.blocking_us_mean, **p.blocking_figures("op_us"))
             m["blocking_ms_per_step"] = sum(p.step_ms_by_op().values())
         # each kind's ops of the step as a burst of their own: all-reduce vs all-gather ms
         m.update({f"{op.replace('_', '')}_ms_per_step": v for op, v in p.step_ms_by_kind().items()})
@@ -81,7 +81,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         rec.log_metrics(m)
         summary.update(m)
         rows.append([p.label, p.nbytes, p.burst, p.burst_ms, p.queued_op_us, m.get("op_us_mean"),
-                     m.get("op_us_p50"), m.get("op_us_p99"), m.get("allreduce_ms_per_step"),
+                     m.get("op_us_p50"), m.get("op_us_p99", suppressed(m, "op_us_p99")),
+                     m.get("allreduce_ms_per_step"),
                      m.get("allgather_ms_per_step"), m.get("graph_burst_ms"), algbw, busbw,
                      p.wrong, m.get("decode_share")])
         per_op = p.op_blocking_us()
@@ -93,7 +94,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         if p.blocking_s:
             plots.histogram(out / "plots" / "op_latency_hist.png", [s * 1e6 for s in p.blocking_s],
                             f"step collectives, {world} ranks, blocking, each op",
-                            {"p50": m["op_us_p50"], "p99": m["op_us_p99"]})
+                            {k: m[f"op_us_{k}"] for k in ("p50", "p99") if f"op_us_{k}" in m})
     finish(out, COLUMNS, rows,
            f"nccl_burst: {len(ops)} ops per step ({'step collectives' if exp.ops_per_step is None else 'all-reduces'}), "
            f"{exp.dtype}, {world} ranks, {cfg.hardware.backend}, communicator {exp.communicator}; "

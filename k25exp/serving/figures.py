@@ -65,17 +65,6 @@ def _median_ci(prefix: str, xs: Sequence[float], scale: float = 1e3) -> dict:
     return {f"{prefix}_p50_ci_lo": lo * scale, f"{prefix}_p50_ci_hi": hi * scale}
 
 
-def suppressed(figs: dict, key: str) -> Optional[str]:
-    """Why a percentile figure is absent: 'n<100' when its sample count was too small."""
-    import re
-
-    m = re.fullmatch(r"(.+)_p(\d+)", key)
-    if not m or key in figs:
-        return None
-    n, need = figs.get(f"{m.group(1)}_n"), min_samples(int(m.group(2)))
-    return f"n<{need}" if n is not None and n < need else None
-
-
 def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float] = None,
                   loop_lag_ms: Sequence[float] = (), max_client_lag_ms: float = float("inf"),
                   target_output: Optional[int] = None, target_input: Optional[int] = None,
