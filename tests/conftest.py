@@ -27,6 +27,7 @@ def _cuda() -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marker
 def pytest_collection_modifyitems(config, items):
     """Tests that start a server (real vLLM or the fake) run in one xdist worker, one after
     another: servers are reused by launch key within a process, and their orphan checks look
