@@ -65,6 +65,7 @@ def _fake_search(model, tmp_path, *overrides):
 
 
 @pytest.mark.fake_server
+@pytest.mark.xdist_group("servers")
 def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
     # One request at a time, each ~4 tokens 25 ms apart ≈ 0.08-0.1 s of service: regular
     # arrivals (burstiness 1000) queue once the rate passes ~1 / service ≈ 10-12 req/s, and
@@ -84,6 +85,7 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
 
 
 @pytest.mark.fake_server
+@pytest.mark.xdist_group("servers")
 def test_an_slo_no_load_meets_is_refused_by_saying_so(model, tmp_path):
     with pytest.raises(NoLoadMeetsSlo, match=r"no probed req/s met the SLO \(p90 of ttft_ms <= 1\); "
                        r"tried 1, 0.5, 0.25"):
