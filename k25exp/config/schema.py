@@ -388,6 +388,20 @@ class ServerConfig:
 
 
 @dataclass
+class SloConfig:
+    """Latency bounds a good request meets (vLLM's --goodput), in ms; null = no bound. TTFT
+    and E2E are counted from the scheduled send."""
+
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds given, {name: ms}."""
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
 class MacroFaultConfig:
     """Test hook: SIGKILL the launched server's process group during one sweep level."""
 
@@ -430,9 +444,9 @@ class MacroConfig(Registered):
     # server's prefix_cache_hit_rate.
     prefix_tokens: int = 0
     prefix_groups: int = 1
-    # Goodput (vLLM's --goodput): any of {ttft_ms, tpot_ms, e2e_ms}; a request is good when it
-    # meets every one given (TTFT and E2E from the scheduled send). {} = no goodput figures.
-    slo: Dict[str, float] = field(default_factory=dict)
+    # Goodput (vLLM's --goodput): any of slo.ttft_ms, tpot_ms, e2e_ms; a request is good when
+    # it meets every one given (TTFT and E2E from the scheduled send). None set: no goodput.
+    slo: SloConfig = field(default_factory=SloConfig)
     # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
     # or, when duration_s is set, as many as the level's workers start in that time.
     requests: Optional[int] = None
@@ -517,7 +531,6 @@ class SloSearchConfig(MacroConfig):
     search_over: str = "rate"  # rate (open loop) | concurrency (closed loop)
     load: str = "open"  # follows search_over (validated)
     percentile: int = 90  # 50 | 90 | 99 of each SLO metric
-    slo: Dict[str, float] = field(default_factory=lambda: {"ttft_ms": 1000.0, "tpot_ms": 100.0})
     start: float = 1.0  # first probe (req/s or concurrency)
     # Bracketing doubles (or halves) from `start` within [lowest, highest].
     lowest: float = 0.125

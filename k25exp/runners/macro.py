@@ -233,7 +233,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     figs.update(rate_figures(res["records"], res["due_s"], res["rate"],
                                              exp.max_rate_error))
                     figs["valid"] = float(figs["valid"] and not figs["rate_missed"])
-                figs.update(goodput(res["records"], res["wall_s"], exp.slo))
+                figs.update(goodput(res["records"], res["wall_s"], exp.slo.bounds()))
                 write(res)
                 return figs
 

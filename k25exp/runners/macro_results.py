@@ -52,7 +52,7 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
                   f"{exp.saturation_gain:.0%} at its last step)"})
     summary.update(s)
     good = [f.get("good_fraction") for _, f in measured]
-    if exp.slo:
+    if exp.slo.bounds():
         s_good = {"max_good_fraction": max(g for g in good if g is not None)} if any(
             g is not None for g in good) else {}
         rec.log_metrics(s_good)

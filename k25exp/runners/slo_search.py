@@ -99,8 +99,9 @@ class Search:
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SloSearchConfig = cfg.experiment
     unit = "req/s" if exp.search_over == "rate" else "concurrency"
+    slo = exp.slo.bounds()
     answer_key = f"max_{exp.search_over}_meeting_slo"
-    rec.set_tags({"slo_search.slo": ", ".join(f"p{exp.percentile} {k} <= {v:g}" for k, v in exp.slo.items()),
+    rec.set_tags({"slo_search.slo": ", ".join(f"p{exp.percentile} {k} <= {v:g}" for k, v in slo.items()),
                   "slo_search.method": f"bracketing x2 from {exp.start:g} {unit}, then bisection to "
                   + ("1" if exp.search_over == "concurrency" else f"{exp.tolerance:.0%}")})
     search, history, rows = Search(exp), [], []
@@ -121,26 +122,26 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             if make_child and hasattr(sub, "end"):
                 sub.end(status)
         figs = capture.level
-        meets, why = verdict(figs, exp.slo, exp.percentile)
+        meets, why = verdict(figs, slo, exp.percentile)
         history.append((x, meets))
         row = [k, x, "yes" if meets else "no"] + [probe_figure(figs, key, exp.percentile)
-                                                   for key in sorted(exp.slo)] + [
+                                                   for key in sorted(slo)] + [
             figs.get("achieved_rate_req_s"), figs.get("output_tok_s"), why or None]
         rows.append(row)
         rec.log_metrics({"probe_load": x, "probe_meets": float(meets)} | {
             f"probe_p{exp.percentile}_{key}": v for key, v in
-            ((key, probe_figure(figs, key, exp.percentile)) for key in exp.slo) if v is not None},
+            ((key, probe_figure(figs, key, exp.percentile)) for key in slo) if v is not None},
             step=k)
         log.info("%s: %s%s", name, "meets the SLO" if meets else "misses", f" ({why})" if why else "")
 
     cols = [tables.Column("probe", "{}", 6), tables.Column(unit, "{:g}", 12),
             tables.Column("meets", "{}", 6)] + [
-        tables.Column(f"p{exp.percentile}_{key}", "{:.1f}", 14) for key in sorted(exp.slo)] + [
+        tables.Column(f"p{exp.percentile}_{key}", "{:.1f}", 14) for key in sorted(slo)] + [
         tables.Column("sent req/s", "{:.3f}", 11), tables.Column("tok/s", "{:.1f}", 9),
         tables.Column("why not", "{}", 40)]
     print(tables.write(out / "probes", cols, rows,
                        f"slo_search over {unit}: p{exp.percentile} of "
-                       + ", ".join(f"{k} <= {v:g}" for k, v in exp.slo.items())), flush=True)
+                       + ", ".join(f"{k} <= {v:g}" for k, v in slo.items())), flush=True)
     _plot(out, exp, history, rows)
     passed = max((x for x, m in history if m), default=None)
     summary = {"probes": float(len(history))}
@@ -148,7 +149,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         rec.log_metrics(summary)
         tried = ", ".join(f"{x:g}" for x, _ in history)
         raise NoLoadMeetsSlo(f"no probed {unit} met the SLO (p{exp.percentile} of "
-                             + ", ".join(f"{k} <= {v:g}" for k, v in exp.slo.items())
+                             + ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
                              + f"); tried {tried}, down to experiment.lowest={exp.lowest:g}: "
                              f"{rows[-1][-1]}")
     summary[answer_key] = passed
@@ -184,11 +185,11 @@ class _Keep(MemoryRecorder):
 def _plot(out: Path, exp: SloSearchConfig, history: list, rows: list) -> None:
     if not history:
         return
-    key = sorted(exp.slo)[0]
+    key = sorted(exp.slo.bounds())[0]
     rows = sorted(rows, key=lambda r: r[1])
     xs = [r[1] for r in rows]
     plots.sweep(out / "plots" / "probes.png", xs, {
         f"p{exp.percentile} {key}": [r[3] for r in rows],
-        "SLO": [exp.slo[key]] * len(xs)},
+        "SLO": [exp.slo.bounds()[key]] * len(xs)},
         exp.search_over, f"{key.replace('_ms', '')} (ms)",
         f"SLO search: p{exp.percentile} {key} per probe")

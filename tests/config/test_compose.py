@@ -11,7 +11,7 @@ from k25exp.config.validate import to_typed
 from tests.conftest import compose_cfg
 
 # What an experiment cannot run without (no sensible default exists).
-NEEDS = {"trace_breakdown": ["experiment.paths=[/tmp]"]}
+NEEDS = {"trace_breakdown": ["experiment.paths=[/tmp]"], "slo_search": ["experiment.slo.ttft_ms=500"]}
 EXPERIMENTS = sorted(p.stem for p in (project_root() / "conf" / "experiment").glob("*.yaml"))
 HARDWARE = sorted(p.stem for p in (project_root() / "conf" / "hardware").glob("*.yaml"))
 

@@ -15,8 +15,11 @@ from tests.conftest import compose_cfg
 from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
 
 
+SLO = "experiment.slo.ttft_ms=500"
+
+
 def _search(threshold, **kw):
-    exp = to_typed(compose_cfg("experiment=slo_search", *[f"experiment.{k}={v}" for k, v in kw.items()]),
+    exp = to_typed(compose_cfg("experiment=slo_search", SLO, *[f"experiment.{k}={v}" for k, v in kw.items()]),
                    gpu_count=lambda: 0).experiment
     s, history = Search(exp), []
     while (x := s.next(history)) is not None:
@@ -39,11 +42,13 @@ def test_bracketing_then_bisection_finds_a_known_threshold():
 
 def test_bad_search_settings_are_named():
     with pytest.raises(ConfigError, match=r"experiment.load='closed' with search_over=rate"):
-        to_typed(compose_cfg("experiment=slo_search", "experiment.load=closed"), gpu_count=lambda: 0)
+        to_typed(compose_cfg("experiment=slo_search", SLO, "experiment.load=closed"), gpu_count=lambda: 0)
     with pytest.raises(ConfigError, match=r"p99 needs at least 100 requests"):
-        to_typed(compose_cfg("experiment=slo_search", "experiment.percentile=99"), gpu_count=lambda: 0)
-    with pytest.raises(ConfigError, match=r"experiment.slo.latency_ms: unknown SLO"):
-        to_typed(compose_cfg("experiment=slo_search", "+experiment.slo.latency_ms=3"), gpu_count=lambda: 0)
+        to_typed(compose_cfg("experiment=slo_search", SLO, "experiment.percentile=99"), gpu_count=lambda: 0)
+    with pytest.raises(ConfigError, match=r"experiment.slo: no bound set"):
+        to_typed(compose_cfg("experiment=slo_search"), gpu_count=lambda: 0)
+    with pytest.raises(ConfigError, match=r"experiment.slo.ttft_ms=-3.0: expected a latency in ms > 0"):
+        to_typed(compose_cfg("experiment=slo_search", "experiment.slo.ttft_ms=-3"), gpu_count=lambda: 0)
 
 
 @pytest.fixture(scope="module")

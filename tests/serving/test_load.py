@@ -13,9 +13,9 @@ import pytest
 
 from k25exp.serving.arrivals import rate_of, schedule
 from k25exp.serving.client import CompletionClient, run_level, run_open_level
-from k25exp.serving.figures import goodput, level_figures, rate_figures, suppressed
+from k25exp.serving.figures import goodput, level_figures, rate_figures
 from k25exp.serving.stub_server import StubThread
-from k25exp.stats import bootstrap_ci
+from k25exp.stats import bootstrap_ci, suppressed
 
 
 @pytest.mark.parametrize("burstiness,cv", [(1.0, 1.0), (4.0, 0.5), (0.25, 2.0)])
