@@ -58,7 +58,7 @@ def main() -> None:
             res = a.out / f"vllm_{rate:g}.json"
             subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
                             "--backend", "vllm", "--base-url", conn.base_url,
-                            "--model", cfg.server.served_model_name, "--tokenizer", str(conn.model_path),
+                            "--model", cfg.server.served_model_name, "--tokenizer", str(conn.spec.model_path),
                             "--dataset-name", "random", "--random-input-len", str(a.input_len),
                             "--random-output-len", str(a.output_len), "--ignore-eos",
                             "--num-prompts", str(a.requests), "--request-rate", str(rate),
