@@ -6,6 +6,7 @@
     k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
     k25exp analyze TRACE... [--json] [--out DIR]     # decode-step breakdown of profiler traces
     k25exp make-model [model=tiny_kimi] [seed=0]     # the embedded model (macro's default)
+    k25exp compare A B [--fail-on PCT]               # two runs / sweeps / campaigns, with significance
 """
 
 from __future__ import annotations
@@ -105,7 +106,14 @@ def _analyze(args: list[str]) -> int:
     return 0
 
 
-SUBCOMMANDS = {"ui": _ui, "sync": _sync, "analyze": _analyze, "make-model": _make_model}
+def _compare(args: list[str]) -> int:
+    from k25exp.compare.command import main as compare_main
+
+    return compare_main(args)
+
+
+SUBCOMMANDS = {"ui": _ui, "sync": _sync, "analyze": _analyze, "make-model": _make_model,
+               "compare": _compare}
 
 
 def main() -> None:
