@@ -9,6 +9,9 @@ from typing import Optional
 from k25exp.compare.table import Comparison
 
 EXPERIMENT = "k25exp/compare"
+DESCRIPTION = ("k25exp compare A B: two runs, sweeps or campaigns figure by figure, with "
+               "Mann-Whitney U and a bootstrap interval of the median's change from the raw "
+               "samples; each run's tags compare.a_runs / compare.b_runs name both sides.")
 
 
 def artifact_root(uri: str) -> Optional[str]:
@@ -35,6 +38,7 @@ def log(uri: str, c: Comparison, folder: Path, name: str) -> str:
         "mlflow.note.content": f"compare of {c.a.kind} {c.a.ident} (A) with {c.b.kind} {c.b.ident} (B)",
     }
     run = store.start_run(EXPERIMENT, run_name=f"compare {name}"[:250], tags=tags)
+    store.client.set_experiment_tag(store.experiment_id(EXPERIMENT), "mlflow.note.content", DESCRIPTION)
     status = "FAILED"
     try:
         run.log_params({"alpha": c.alpha, "fail_on": c.fail_on, "a": c.a.ident, "b": c.b.ident})

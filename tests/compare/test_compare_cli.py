@@ -1,0 +1,141 @@
+"""`k25exp compare` end to end: macro runs against the fake vLLM server (real launch code,
+real client, real MLflow store in tmp), then the CLI as a subprocess.
+
+Runs: one multirun with the fake server's inter-token gap 10, 10 and 12 ms (A, A2, B), and a
+run with gap 10 ms pinned to one core (`taskset -c 0`: its env.cpu_affinity tag says 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, make_k25
+from tests.serving.helpers import FAKE_ENTRYPOINT, FAKE_MARKS, fake_model, orphans
+
+pytestmark = pytest.mark.timeout(300)
+
+MACRO = ["experiment=macro", FAKE_ENTRYPOINT, "server.port=0", "server.ready_timeout_s=30",
+         "server.stop_timeout_s=5", "experiment.input_tokens=16", "experiment.output_tokens=6",
+         "experiment.concurrency=[2]", "experiment.single_stream_requests=12",
+         "experiment.warmup=1", "experiment.min_requests=12", "experiment.progress=false",
+         "experiment.reset_prefix_cache=false"]
+GAP = "server.env.FAKE_VLLM_GAP_MS"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compare")
+    k25 = make_k25(tmp)
+    model = fake_model(tmp / "model")
+    common = [*MACRO, f"server.model_path={model}", f"server.log_dir={tmp}"]
+    sweep = k25("-m", *common, f"+{GAP}=10,10,12")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "k25exp", *common,
+                             f"+{GAP}=10", f"paths.outputs={sweep.outputs}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=200,
+                            env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    assert pinned.returncode == 0, pinned.stderr[-3000:]
+    assert not orphans(marks=FAKE_MARKS)
+    runs = [r for r in sweep.runs() if r.data.tags.get("k25exp.experiment") == "macro"
+            and r.data.tags.get("k25exp.role") != "parent"]
+    assert [r.data.params[GAP] for r in runs] == ["10", "10", "12", "10"]
+    ids = {name: r.info.run_id for name, r in zip(("a", "a2", "b", "pinned"), runs)}
+    return sweep.uri, tmp, ids
+
+
+def compare(uri, tmp, *args):
+    out = tmp / "cmp" / "_".join(a[:6] for a in args if not a.startswith("-"))
+    p = subprocess.run([sys.executable, "-m", "k25exp", "compare", *args, "--uri", uri, "--out",
+                        str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    rows = json.loads((out / "compare.json").read_text()) if (out / "compare.json").exists() else None
+    return p, rows, out
+
+
+def row(rows, metric, step=None):
+    return next(r for r in rows["rows"] if r["metric"] == metric and r["step"] == step)
+
+
+def test_same_gap_is_not_significant_and_does_not_fail(store):
+    uri, tmp, ids = store
+    p, rows, out = compare(uri, tmp, ids["a"], ids["a2"], "--fail-on", "10")
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    tpot = row(rows, "single_stream_tpot_ms")
+    assert tpot["significant"] is False and tpot["n"] == [12, 12]
+    assert abs(tpot["change_pct"]) < 10
+    assert row(rows, "tpot_ms_p50", 2)["significant"] is False
+    assert "ok: no significant change worse by more than 10 %" in p.stdout
+    # the figure table, the markdown and the HTML page are written; the page is self-contained
+    assert "single_stream_tpot_ms" in p.stdout and (out / "compare.md").exists()
+    page = (out / "compare.html").read_text()
+    assert 'src="data:image/png;base64,' in page and 'src="http' not in page
+
+
+def test_longer_gap_is_significant_and_fails(store):
+    uri, tmp, ids = store
+    p, rows, _ = compare(uri, tmp, ids["a"], ids["b"], "--fail-on", "10")
+    assert p.returncode == 1, p.stdout[-4000:] + p.stderr[-2000:]
+    tpot = row(rows, "single_stream_tpot_ms")
+    assert tpot["significant"] is True and tpot["worse_beyond_fail_on"] is True
+    assert 12 < tpot["change_pct"] < 30  # the gap went up 20 %; the client adds a little
+    lo, hi = tpot["ci_pct"]
+    assert 0 < lo <= tpot["median_change_pct"] <= hi
+    assert "FAIL:" in p.stdout and "single_stream_tpot_ms" in p.stdout
+    # the config that changed is named, the swept gap with it
+    assert [GAP, "10", "12"] in rows["param_diff"]
+    # without --fail-on the same compare only reports
+    p, _, _ = compare(uri, tmp, ids["a"], ids["b"])
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_a_figure_without_samples_says_so(store):
+    uri, tmp, ids = store
+    _, rows, _ = compare(uri, tmp, ids["a"], ids["a2"], "--no-track")
+    tput = row(rows, "output_tok_s", 2)
+    assert tput["significant"] is None and tput["p"] is None
+    assert tput["note"].startswith("no samples: a derived or summary figure")
+    assert row(rows, "tpot_ms_p99", 2)["note"].startswith("not tested: a tail percentile")
+
+
+def test_environment_diff_names_the_changed_tag(store):
+    uri, tmp, ids = store
+    p, rows, _ = compare(uri, tmp, ids["a"], ids["pinned"], "--no-track")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert ["env.cpu_affinity", str(len(os.sched_getaffinity(0))), "1"] in rows["tag_diff"]
+    assert "env.cpu_affinity" in p.stdout
+    # run-specific tags are not environment
+    assert not [t for t in rows["tag_diff"] if t[0] in ("k25exp.output_dir", "mlflow.runName")]
+
+
+def test_compare_run_links_both_sides_and_other_experiments_are_refused(store):
+    from mlflow.tracking import MlflowClient
+
+    uri, tmp, ids = store
+    p, _, out = compare(uri, tmp, ids["a"], ids["a2"], "--name", "linked")
+    run_id = p.stdout.split("compare run: ")[1].split()[0]
+    c = MlflowClient(uri)
+    r = c.get_run(run_id)
+    assert r.data.tags["compare.a_runs"] == ids["a"] and r.data.tags["compare.b_runs"] == ids["a2"]
+    assert c.get_experiment(r.info.experiment_id).name == "k25exp/compare"
+    assert {"compare.md", "compare.html", "compare.json"} <= {f.path for f in c.list_artifacts(run_id)}
+    # the compare run is a run of another experiment: comparing it with a macro run is refused
+    p, rows, _ = compare(uri, tmp, ids["a"], run_id, "--no-track")
+    assert p.returncode == 2 and rows is None
+    assert "holds runs of experiment macro; B" in p.stderr and "holds compare" in p.stderr
+
+
+def test_an_unknown_id_is_an_error_naming_it(store):
+    uri, tmp, _ = store
+    p, _, _ = compare(uri, tmp, "no-such-run", "nor-this", "--no-track")
+    assert p.returncode == 2 and "'no-such-run' is neither a run id" in p.stderr
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_taskset():
+    if not shutil.which("taskset"):
+        pytest.skip("taskset (util-linux) is needed to pin a run to one core")
