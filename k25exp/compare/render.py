@@ -114,10 +114,12 @@ def _md(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(c: Comparison, generated: str) -> str:
+def markdown(c: Comparison, generated: str, plot_file: Optional[str] = None) -> str:
     lines = [f"# k25exp compare: {c.a.ident} vs {c.b.ident}", "", header(c) + f"; generated {generated}.", ""]
     if verdict_line(c):
         lines += [f"**{verdict_line(c)}**", ""]
+    if plot_file:
+        lines += [f"![median change per tested figure]({plot_file})", ""]
     for label, rows in by_pair(c).items():
         lines += [f"## {_md(pair_title(c, label))}", "", "| " + " | ".join(COLUMNS) + " |",
                   "|" + "---|" * len(COLUMNS)]
@@ -213,6 +215,6 @@ def write(folder: Path, c: Comparison, generated: str) -> tuple[Path, Path]:
     if plot:
         (folder / "median_change.png").write_bytes(plot)
     md, page = folder / "compare.md", folder / "compare.html"
-    md.write_text(markdown(c, generated))
+    md.write_text(markdown(c, generated, "median_change.png" if plot else None))
     page.write_text(html_page(c, generated, plot))
     return md, page
