@@ -160,8 +160,17 @@ def _nvidia_smi() -> dict[str, str] | None:
     rows = [[x.strip() for x in line.split(",")] for line in r.stdout.splitlines() if line.strip()]
     if r.returncode != 0 or not rows or any(len(x) != 6 for x in rows):
         return None
-    gpus = [(f"sm {x[1]}/{x[2]} MHz, mem {x[3]} MHz", f"{x[4]} W", x[5].lower()) for x in rows]
+    # written as the NVML path writes them, so the source alone never makes two runs differ
+    gpus = [(f"sm {x[1]}/{x[2]} MHz, mem {x[3]} MHz", _watts(x[4]),
+             {"enabled": "on", "disabled": "off"}.get(x[5].lower(), x[5].lower())) for x in rows]
     return {"env.driver": rows[0][0], **_per_gpu(gpus), "env.gpu_info_source": "nvidia-smi"}
+
+
+def _watts(v: str) -> str:
+    try:
+        return f"{float(v):g} W"
+    except ValueError:  # "[N/A]"
+        return UNAVAILABLE
 
 
 def _per_gpu(gpus: list[tuple[str, str, str]]) -> dict[str, str]:

@@ -76,6 +76,8 @@ def resolve(c, ident: str) -> Side:
         side = Side(ident, "sweep", [_view(r) for r in child_runs(c, ident)])
     elif run is not None:
         side = Side(ident, "run", [_view(run)])
+    elif "'" in ident:
+        raise CompareError(f"{ident!r} is not a run id, and a campaign id has no quote in it")
     else:
         ids = [e.experiment_id for e in c.search_experiments()]
         found = c.search_runs(ids, filter_string=f"tags.campaign = '{ident}'",
@@ -84,7 +86,7 @@ def resolve(c, ident: str) -> Side:
                                         if r.data.tags.get("k25exp.role") != "parent"])
         if not side.runs:
             raise CompareError(f"{ident!r} is neither a run id, a sweep parent's run id nor a "
-                               f"campaign id in {c.tracking_uri}")
+                               f"campaign id in {getattr(c, 'tracking_uri', 'the store')}")
     finished = [r for r in side.runs if r.status == "FINISHED"]
     side.left_out = [f"{r.short} ({r.phase or '?'}) {r.status}" for r in side.runs if r.status != "FINISHED"]
     side.runs = finished
