@@ -90,7 +90,7 @@ def cpu_tags() -> dict[str, str]:
 
 def cuda_tags(torch) -> dict[str, str]:
     """On a CUDA box: CUDA and NCCL versions as torch was built with them, the driver, and per
-    GPU its clocks, power limit and ECC mode (NVML through nvidia-ml-py if importable, else
+    GPU its application clocks, power limit and ECC mode (NVML through nvidia-ml-py if importable, else
     nvidia-smi). Nothing off CUDA: a CPU run's tags stay about the CPU."""
     try:
         if not torch.cuda.is_available():
@@ -127,12 +127,14 @@ def _nvml() -> dict[str, str] | None:
                     return fn(h, *a)
                 except Exception:
                     return None
-            sm = q(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
-            mem = q(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
+            # application clocks (the clocks work runs at, a setting), not the current clock,
+            # which is a moment's reading and would make every two runs differ
+            sm = q(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_SM)
+            mem = q(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_MEM)
             sm_max = q(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
             power = q(pynvml.nvmlDeviceGetPowerManagementLimit)
             ecc = q(pynvml.nvmlDeviceGetEccMode)
-            gpus.append((f"sm {sm}/{sm_max} MHz, mem {mem} MHz",
+            gpus.append((f"sm {sm} MHz (max {sm_max}), mem {mem} MHz",
                          f"{power / 1000:g} W" if power else UNAVAILABLE,
                          ("on" if ecc[0] else "off") if ecc else UNAVAILABLE))
         return {**out, **_per_gpu(gpus), "env.gpu_info_source": "nvml"}
@@ -151,7 +153,8 @@ def _nvidia_smi() -> dict[str, str] | None:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
-    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,ecc.mode.current"
+    fields = ("driver_version,clocks.applications.graphics,clocks.max.sm,clocks.applications.memory,"
+              "power.limit,ecc.mode.current")
     try:
         r = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=20)
@@ -161,7 +164,7 @@ def _nvidia_smi() -> dict[str, str] | None:
     if r.returncode != 0 or not rows or any(len(x) != 6 for x in rows):
         return None
     # written as the NVML path writes them, so the source alone never makes two runs differ
-    gpus = [(f"sm {x[1]}/{x[2]} MHz, mem {x[3]} MHz", _watts(x[4]),
+    gpus = [(f"sm {x[1]} MHz (max {x[2]}), mem {x[3]} MHz", _watts(x[4]),
              {"enabled": "on", "disabled": "off"}.get(x[5].lower(), x[5].lower())) for x in rows]
     return {"env.driver": rows[0][0], **_per_gpu(gpus), "env.gpu_info_source": "nvidia-smi"}
 
