@@ -68,6 +68,7 @@ def main(args: list[str]) -> int:
     from k25exp.config.store import project_root
 
     uri = a.uri or _default_uri()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per artifact
     try:
         c = compare(uri, a.a, a.b, a.alpha, a.fail_on)
     except CompareError as e:

@@ -1,17 +1,21 @@
 """`k25exp compare` end to end: macro runs against the fake vLLM server (real launch code,
 real client, real MLflow store in tmp), then the CLI as a subprocess.
 
-Runs: one multirun with the fake server's inter-token gap 10, 10 and 12 ms (A, A2, B), and a
-run with gap 10 ms pinned to one core (`taskset -c 0`: its env.cpu_affinity tag says 1).
+Runs: one multirun with the fake server's inter-token gap 40, 40 and 48 ms (A, A2, B), and a
+run with the base gap pinned to one core (`taskset -c 0`: its env.cpu_affinity tag says 1).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+
+from dataclasses import dataclass
 
 import pytest
 
@@ -21,11 +25,15 @@ from tests.serving.helpers import FAKE_ENTRYPOINT, FAKE_MARKS, fake_model, orpha
 pytestmark = pytest.mark.timeout(300)
 
 MACRO = ["experiment=macro", FAKE_ENTRYPOINT, "server.port=0", "server.ready_timeout_s=30",
-         "server.stop_timeout_s=5", "experiment.input_tokens=16", "experiment.output_tokens=6",
+         "server.stop_timeout_s=5", "experiment.input_tokens=16", "experiment.output_tokens=5",
          "experiment.concurrency=[2]", "experiment.single_stream_requests=12",
          "experiment.warmup=1", "experiment.min_requests=12", "experiment.progress=false",
-         "experiment.reset_prefix_cache=false"]
+         "experiment.reset_prefix_cache=false",
+         "server.tp=1"]  # the fake server has no ranks; one core is enough (the pinned run)
 GAP = "server.env.FAKE_VLLM_GAP_MS"
+# Long enough that the scheduling delay of a loaded 2-core machine (a few ms per sleep) is a
+# small part of each gap; LONG_GAP is 20 % longer.
+BASE_GAP, LONG_GAP = "40", "48"
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +42,10 @@ def store(tmp_path_factory):
     k25 = make_k25(tmp)
     model = fake_model(tmp / "model")
     common = [*MACRO, f"server.model_path={model}", f"server.log_dir={tmp}"]
-    sweep = k25("-m", *common, f"+{GAP}=10,10,12")
+    sweep = k25("-m", *common, f"+{GAP}={BASE_GAP},{BASE_GAP},{LONG_GAP}")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "k25exp", *common,
-                             f"+{GAP}=10", f"paths.outputs={sweep.outputs}"], cwd=ROOT,
+                             f"+{GAP}={BASE_GAP}", f"paths.outputs={sweep.outputs}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=200,
                             env={k: v for k, v in os.environ.items()
                                  if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")})
@@ -45,7 +53,7 @@ def store(tmp_path_factory):
     assert not orphans(marks=FAKE_MARKS)
     runs = [r for r in sweep.runs() if r.data.tags.get("k25exp.experiment") == "macro"
             and r.data.tags.get("k25exp.role") != "parent"]
-    assert [r.data.params[GAP] for r in runs] == ["10", "10", "12", "10"]
+    assert [r.data.params[GAP] for r in runs] == [BASE_GAP, BASE_GAP, LONG_GAP, BASE_GAP]
     ids = {name: r.info.run_id for name, r in zip(("a", "a2", "b", "pinned"), runs)}
     return sweep.uri, tmp, ids
 
@@ -53,16 +61,38 @@ def store(tmp_path_factory):
 _done: dict = {}
 
 
-def compare(uri, tmp, *args):
-    """The CLI as a subprocess (each call ~5 s of imports: the same compare is run once)."""
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def compare(uri, tmp, *args, subprocess_cli=True):
+    """`k25exp compare ARGS` as a subprocess (the --fail-on exit status as a shell sees it),
+    or the same entry point in this process (5 s of imports saved per call). Each distinct
+    compare runs once."""
     if args in _done:
         return _done[args]
     out = tmp / "cmp" / "_".join(a[:6] for a in args if not a.startswith("-"))
-    p = subprocess.run([sys.executable, "-m", "k25exp", "compare", *args, "--uri", uri, "--out",
-                        str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    argv = ["compare", *args, "--uri", uri, "--out", str(out)]
+    if subprocess_cli:
+        p = subprocess.run([sys.executable, "-m", "k25exp", *argv], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    else:
+        p = _in_process(argv)
     rows = json.loads((out / "compare.json").read_text()) if (out / "compare.json").exists() else None
     _done[args] = p, rows, out
     return _done[args]
+
+
+def _in_process(argv):
+    from k25exp.cli import SUBCOMMANDS
+
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        rc = SUBCOMMANDS[argv[0]](argv[1:])
+    return Done(rc, o.getvalue(), e.getvalue())
 
 
 def row(rows, metric, step=None):
@@ -95,7 +125,7 @@ def test_longer_gap_is_significant_and_fails(store):
     assert 0 < lo <= tpot["median_change_pct"] <= hi
     assert "FAIL:" in p.stdout and "single_stream_tpot_ms" in p.stdout
     # the config that changed is named
-    assert [GAP, "10", "12"] in rows["param_diff"]
+    assert [GAP, BASE_GAP, LONG_GAP] in rows["param_diff"]
 
 
 def test_a_figure_without_samples_says_so(store):
@@ -109,7 +139,7 @@ def test_a_figure_without_samples_says_so(store):
 
 def test_environment_diff_names_the_changed_tag(store):
     uri, tmp, ids = store
-    p, rows, _ = compare(uri, tmp, ids["a"], ids["pinned"], "--no-track")
+    p, rows, _ = compare(uri, tmp, ids["a"], ids["pinned"], "--no-track", subprocess_cli=False)
     assert p.returncode == 0, p.stderr[-2000:]
     assert ["env.cpu_affinity", str(len(os.sched_getaffinity(0))), "1"] in rows["tag_diff"]
     assert "env.cpu_affinity" in p.stdout
@@ -129,14 +159,14 @@ def test_compare_run_links_both_sides_and_other_experiments_are_refused(store):
     assert c.get_experiment(r.info.experiment_id).name == "k25exp/compare"
     assert {"compare.md", "compare.html", "compare.json"} <= {f.path for f in c.list_artifacts(run_id)}
     # the compare run is a run of another experiment: comparing it with a macro run is refused
-    p, rows, _ = compare(uri, tmp, ids["a"], run_id, "--no-track")
+    p, rows, _ = compare(uri, tmp, ids["a"], run_id, "--no-track", subprocess_cli=False)
     assert p.returncode == 2 and rows is None
     assert "holds runs of experiment macro; B" in p.stderr and "holds compare" in p.stderr
 
 
 def test_an_unknown_id_is_an_error_naming_it(store):
     uri, tmp, _ = store
-    p, _, _ = compare(uri, tmp, "no-such-run", "nor-this", "--no-track")
+    p, _, _ = compare(uri, tmp, "no-such-run", "nor-this", "--no-track", subprocess_cli=False)
     assert p.returncode == 2 and "'no-such-run' is neither a run id" in p.stderr
 
 
@@ -144,3 +174,22 @@ def test_an_unknown_id_is_an_error_naming_it(store):
 def _no_taskset():
     if not shutil.which("taskset"):
         pytest.skip("taskset (util-linux) is needed to pin a run to one core")
+
+
+def test_ui_links_open_the_model_training_view_and_experiments_are_described(store):
+    from urllib.parse import unquote
+
+    from mlflow.tracking import MlflowClient
+
+    from k25exp.config.schema import MacroConfig
+
+    uri, tmp, ids = store
+    p = _in_process(["ui", "--links-only", "--uri", uri])
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    macro = next(x for x in lines if x.strip().startswith("k25exp/macro "))
+    assert "/#/experiments/" in macro and "workflowType=machine_learning" in macro
+    sweep = unquote(next(x for x in lines if "compare-runs" in x and "(3 runs)" in x))
+    assert all(ids[k] in sweep for k in ("a", "a2", "b")) and ids["pinned"] not in sweep
+    exp = MlflowClient(uri).get_experiment_by_name("k25exp/macro")
+    assert exp.tags["mlflow.note.content"] == " ".join(MacroConfig.__doc__.split())
