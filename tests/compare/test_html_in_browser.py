@@ -51,3 +51,13 @@ def test_compare_page_renders_with_its_plot(tmp_path):
     _, page = render.write(tmp_path, c, "now")
     seen = check(page)
     assert "env.cpu_affinity" in seen["text"] and "single_stream_tpot_ms" in seen["text"]
+
+
+def test_the_check_sees_a_broken_image_and_console_errors(tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text('<!doctype html><html><head><title>bad</title></head><body>'
+                    '<img alt="broken" src="data:image/png;base64,AAAA">'
+                    '<script>console.error("bad thing"); throw new Error("boom")</script></body></html>')
+    seen = load(page)
+    assert seen["images"] == [[True, 0, "broken"]]  # loaded, but nothing to show
+    assert "bad thing" in seen["errors"] and any("Uncaught" in e for e in seen["errors"])
