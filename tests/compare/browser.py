@@ -21,26 +21,50 @@ def chromium_path() -> Optional[str]:
     return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
+class Chromium:
+    """One headless Chromium for several pages (each in a fresh tab): `with Chromium() as b:
+    b.load(page)`."""
+
+    def __init__(self, timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> "Chromium":
+        from websockets.sync.client import connect
+
+        self._profile = tempfile.TemporaryDirectory(prefix="k25exp-chromium-")
+        self._proc = subprocess.Popen([chromium_path(), "--headless=new", "--no-sandbox", "--disable-gpu",
+                                       "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
+                                       "--no-first-run", "about:blank"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            self._conn = connect(_devtools_url(self._proc, self.timeout_s), max_size=None,
+                                 open_timeout=self.timeout_s)
+            self._ws = self._conn.__enter__()  # websockets 17 wants it used as a context manager
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def load(self, page: Path) -> dict:
+        return _drive(self._ws, page.resolve().as_uri(), self.timeout_s)
+
+    def __exit__(self, *exc) -> None:
+        self._conn.__exit__(None, None, None)
+        self._stop()
+
+    def _stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._profile.cleanup()
+
+
 def load(page: Path, timeout_s: float = 30.0) -> dict:
     """{"title", "images": [[complete, naturalWidth, alt]], "errors": [..], "text": body text}"""
-    from websockets.sync.client import connect
-
-    exe = chromium_path()
-    with tempfile.TemporaryDirectory(prefix="k25exp-chromium-") as profile:
-        proc = subprocess.Popen([exe, "--headless=new", "--no-sandbox", "--disable-gpu",
-                                 "--remote-debugging-port=0", f"--user-data-dir={profile}",
-                                 "--no-first-run", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            ws_url = _devtools_url(proc, timeout_s)
-            with connect(ws_url, max_size=None, open_timeout=timeout_s) as ws:
-                return _drive(ws, page.resolve().as_uri(), timeout_s)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with Chromium(timeout_s) as b:
+        return b.load(page)
 
 
 def _devtools_url(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -99,4 +123,5 @@ def _drive(ws, url: str, timeout_s: float) -> dict:
         elif e.get("method") == "Log.entryAdded" and p["entry"]["level"] == "error":
             errors.append(p["entry"]["text"])
     out["errors"] = errors
+    call("Target.closeTarget", {"targetId": target})
     return out
