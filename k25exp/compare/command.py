@@ -68,6 +68,10 @@ def main(args: list[str]) -> int:
     from k25exp.config.store import project_root
 
     uri = a.uri or _default_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        # MLflow would create an empty store there and then find nothing
+        print(f"k25exp compare: no MLflow store at {uri} (--uri or $MLFLOW_TRACKING_URI)", file=sys.stderr)
+        return 2
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per artifact
     try:
         c = compare(uri, a.a, a.b, a.alpha, a.fail_on)

@@ -27,10 +27,10 @@ Figure = tuple[str, Optional[int]]  # (metric, step); step None = a run-level fi
 Samples = dict[Figure, list[float]]
 
 NO_SAMPLES = {
-    "gemm": "no samples: the gemm runner keeps each point's median and p90, not per-call times",
-    "profile": "no samples: profile figures are shares of one capture",
-    "trace_breakdown": "no samples: trace_breakdown figures are shares of given traces",
-    "report": "no samples: report figures are derived from other runs",
+    "gemm": "no samples (gemm keeps median and p90, not per-call times)",
+    "profile": "no samples (shares of one capture)",
+    "trace_breakdown": "no samples (shares of given traces)",
+    "report": "no samples (derived from other runs)",
 }
 TAIL = re.compile(r"_p(9\d|99)(_|$)")
 
@@ -122,11 +122,11 @@ SOURCES: dict[str, tuple[tuple[str, ...], Reader]] = {
 def why_no_samples(experiment: str, metric: str, samples_found: bool, problem: str = "") -> str:
     """The note a figure without samples carries instead of a test."""
     if problem:
-        return f"no samples: {problem}"
+        return f"no samples ({problem})"
     if experiment in NO_SAMPLES:
         return NO_SAMPLES[experiment]
     if TAIL.search(metric) and samples_found:
-        return "not tested: a tail percentile (samples test the median)"
+        return "not tested (tail percentile: samples test the median)"
     if experiment not in SOURCES:
-        return f"no samples: experiment {experiment!r} keeps none that k25exp.compare reads"
-    return "no samples: a derived or summary figure (no per-request / per-op samples behind it)"
+        return f"no samples ({experiment} keeps none that compare reads)"
+    return "no samples (summary figure)"

@@ -90,14 +90,14 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
                     tests[ident] = stats.compare_samples(sa[fig], sb[fig])
                 row.test = tests[ident]
                 if row.test is None:
-                    row.note = (f"not tested: fewer than {stats.MIN_SAMPLES} samples "
-                                f"({len(sa[fig])} vs {len(sb[fig])})")
+                    row.note = (f"not tested (fewer than {stats.MIN_SAMPLES} samples: "
+                                f"{len(sa[fig])} vs {len(sb[fig])})")
             else:
                 row.note = samples.why_no_samples(p.experiment, metric, bool(sa and sb), problem)
                 if fig in sa or fig in sb:
                     row.note = f"no samples in {'B' if fig in sa else 'A'}"
             if better == directions.UNKNOWN:
-                row.note = (row.note + "; " if row.note else "") + "no better direction declared"
+                row.note = (row.note + "; " if row.note else "") + "direction unknown: never fails"
             pair_rows.append(row)
         # Holm over this pair's distinct tests, then the verdict per row
         distinct = list(tests.items())
