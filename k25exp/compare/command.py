@@ -30,9 +30,9 @@ def folder_name(a: str, b: str) -> str:
 def to_json(c) -> dict:
     return {"a": {"id": c.a.ident, "kind": c.a.kind, "runs": [r.run_id for r in c.a.runs]},
             "b": {"id": c.b.ident, "kind": c.b.kind, "runs": [r.run_id for r in c.b.runs]},
-            "alpha": c.alpha, "fail_on": c.fail_on, "failing": len(c.failing),
+            "alpha": c.alpha, "noise_pct": c.noise, "fail_on": c.fail_on, "failing": len(c.failing),
             "rows": [{"pair": r.pair, "metric": r.metric, "step": r.step, "a": r.a, "b": r.b,
-                      "change_pct": r.change_pct, "better": r.better, "significant": r.significant,
+                      "change_pct": r.change_pct, "better": r.better, "significant": r.significant, "within_noise": r.within_noise,
                       "p_adjusted": r.p_adjusted, "p": r.test.p if r.test else None,
                       "median_change_pct": r.test.median_change_pct if r.test else None,
                       "ci_pct": [r.test.ci_low_pct, r.test.ci_high_pct] if r.test else None,
@@ -53,18 +53,23 @@ def main(args: list[str]) -> int:
     p.add_argument("--fail-on", type=float, metavar="PCT",
                    help="exit 1 when a significant change in the worse direction exceeds PCT percent")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--noise", type=float, default=None, metavar="PCT",
+                   help="noise floor: a median change smaller than PCT percent is never called "
+                        "significant (default 5: run-to-run drift of a shared machine)")
     p.add_argument("--out", type=Path, help="output folder (default outputs/compare/<A>_vs_<B>)")
     p.add_argument("--name", help="folder and run name (default <A>_vs_<B>)")
     p.add_argument("--no-track", action="store_true", help="do not log the compare as an MLflow run")
     a = p.parse_args(args)
     if a.fail_on is not None and a.fail_on < 0:
         p.error(f"--fail-on must be a percentage >= 0, got {a.fail_on:g}")
+    if a.noise is not None and a.noise < 0:
+        p.error(f"--noise must be a percentage >= 0, got {a.noise:g}")
     if not 0 < a.alpha < 1:
         p.error(f"--alpha must be between 0 and 1, got {a.alpha:g}")
 
     from k25exp.compare import render, track
     from k25exp.compare.resolve import CompareError
-    from k25exp.compare.table import compare
+    from k25exp.compare.table import DEFAULT_NOISE_PCT, compare
     from k25exp.config.store import project_root
 
     uri = a.uri or _default_uri()
@@ -74,7 +79,8 @@ def main(args: list[str]) -> int:
         return 2
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per artifact
     try:
-        c = compare(uri, a.a, a.b, a.alpha, a.fail_on)
+        c = compare(uri, a.a, a.b, a.alpha, a.fail_on,
+                    DEFAULT_NOISE_PCT if a.noise is None else a.noise)
     except CompareError as e:
         print(f"k25exp compare: {e}", file=sys.stderr)
         return 2

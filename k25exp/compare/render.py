@@ -38,6 +38,8 @@ def pct(v: Optional[float]) -> str:
 def verdict(r: Row) -> str:
     if r.significant is None:
         return "-"
+    if r.within_noise:
+        return "no (within noise)"
     return ("YES, worse beyond --fail-on" if r.worse_beyond else "yes") if r.significant else "no"
 
 

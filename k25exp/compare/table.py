@@ -3,8 +3,12 @@
 A figure's A and B are the values the runs logged; its significance comes from the raw
 samples behind it (k25exp.compare.samples): Mann-Whitney U, Holm-adjusted over every distinct
 sample set tested in this compare, and a bootstrap 95 % interval of the median's change.
-`--fail-on PCT` fails on a figure whose change is significant, goes the declared worse way
-(k25exp.compare.directions) and exceeds PCT percent.
+A change is called significant only when it is also larger than the noise floor (`noise`,
+percent of the median): two runs of one setup on a shared machine drift by a few percent, and
+samples as tight as a timer's detect that drift with tiny p-values; a change smaller than it is
+reported as within noise, never as a regression. `--fail-on PCT` fails on a figure whose
+change is significant, goes the declared worse way (k25exp.compare.directions) and exceeds PCT
+percent.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Optional
 
 from k25exp.compare import directions, envdiff, resolve, samples, stats
 
+DEFAULT_NOISE_PCT = 5.0
 # Bookkeeping timings of the job itself, not figures of what was measured.
 SKIP_METRICS = ("measure_s", "job_s", "torchrun_s", "server_start_s")
 
@@ -30,6 +35,7 @@ class Row:
     test: Optional[stats.Test] = None
     p_adjusted: Optional[float] = None
     significant: Optional[bool] = None  # None: not tested (note says why)
+    within_noise: bool = False  # p < alpha but the median moved less than the noise floor
     note: str = ""
     worse_beyond: bool = False  # counts against --fail-on
 
@@ -55,6 +61,7 @@ class Comparison:
     param_diff: list[tuple[str, str, str]]
     alpha: float
     fail_on: Optional[float]
+    noise: float = DEFAULT_NOISE_PCT
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -67,7 +74,7 @@ class Comparison:
 
 
 def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
-            fail_on: Optional[float] = None) -> Comparison:
+            fail_on: Optional[float] = None, noise: float = DEFAULT_NOISE_PCT) -> Comparison:
     c = resolve.client(uri)
     a, b = resolve.resolve(c, a_id), resolve.resolve(c, b_id)
     pairs, unmatched = resolve.match(a, b)
@@ -108,7 +115,9 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
                 continue
             key = next(k for k, t in valid if t is row.test)
             row.p_adjusted = adjusted[key]
-            row.significant = row.p_adjusted < alpha
+            moved = abs(row.test.median_change_pct) > noise
+            row.within_noise = row.p_adjusted < alpha and not moved
+            row.significant = row.p_adjusted < alpha and moved
             ch = row.change_pct
             if (fail_on is not None and row.significant and ch is not None
                     and directions.is_worse(row.metric, ch) and abs(ch) > fail_on):
@@ -118,10 +127,11 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
         notes.append(f"significant = Mann-Whitney U two-sided p < {alpha:g} after Holm's "
                      "adjustment over the distinct sample sets tested per pair; interval = "
                      f"bootstrap 95 % of the median's change ({stats.BOOTSTRAP_RESAMPLES} "
-                     f"resamples, seed {stats.BOOTSTRAP_SEED})")
+                     f"resamples, seed {stats.BOOTSTRAP_SEED}); a median change within "
+                     f"±{noise:g} % (the noise floor) is never called significant")
     for side in (a, b):
         if side.left_out:
             notes.append(f"left out of {side.ident}: {', '.join(side.left_out)} (not finished)")
     return Comparison(a, b, pairs, rows, unmatched, envdiff.tag_diff(a, b),
-                      envdiff.param_diff(pairs), alpha, fail_on, notes)
+                      envdiff.param_diff(pairs), alpha, fail_on, noise, notes)
 

@@ -41,7 +41,8 @@ def log(uri: str, c: Comparison, folder: Path, name: str) -> str:
     store.client.set_experiment_tag(store.experiment_id(EXPERIMENT), "mlflow.note.content", DESCRIPTION)
     status = "FAILED"
     try:
-        run.log_params({"alpha": c.alpha, "fail_on": c.fail_on, "a": c.a.ident, "b": c.b.ident})
+        run.log_params({"alpha": c.alpha, "noise_pct": c.noise, "fail_on": c.fail_on,
+                        "a": c.a.ident, "b": c.b.ident})
         run.log_metrics({"pairs": len(c.pairs), "figures": len(c.rows),
                          "figures_tested": sum(r.test is not None for r in c.rows),
                          "significant_changes": len(c.significant),

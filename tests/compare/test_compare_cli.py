@@ -53,7 +53,8 @@ def store(tmp_path_factory):
                             env={k: v for k, v in os.environ.items()
                                  if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")})
     assert pinned.returncode == 0, pinned.stderr[-3000:]
-    assert not orphans(marks=FAKE_MARKS)
+    # fake servers of this module's runs only (other test sessions may share the machine)
+    assert not [o for o in orphans(marks=FAKE_MARKS) if str(model) in o[1]]
     runs = [r for r in sweep.runs() if r.data.tags.get("k25exp.experiment") == "macro"
             and r.data.tags.get("k25exp.role") != "parent"]
     assert [r.data.params[GAP] for r in runs] == [BASE_GAP, BASE_GAP, LONG_GAP, BASE_GAP]
