@@ -13,8 +13,15 @@ from k25exp.compare.resolve import RUN_SPECIFIC_PARAMS, Side
 from k25exp.report.sources import RunView
 
 RUN_SPECIFIC_TAG_PREFIXES = ("mlflow.", "compare.", "report.")
-RUN_SPECIFIC_TAGS = frozenset({"k25exp.output_dir", "k25exp.role", "campaign", "run_id",
-                               "parent_run_id", "start_time", "end_time"})
+RUN_SPECIFIC_TAGS = frozenset({
+    "k25exp.output_dir", "k25exp.role", "campaign", "run_id", "parent_run_id", "start_time",
+    "end_time",
+    # the server this run talked to: its process, log file, port (server.port=0 picks one per
+    # start), whether this job reused it, the hash of its launch settings (from the config)
+    "server.pid", "server.log", "server.base_url", "server.reused", "server.launch_key",
+    # the command line: the config params it set are diffed one by one (param_diff)
+    "hydra.overrides",
+})
 
 
 def _side_values(runs: Iterable[RunView], get) -> dict[str, str]:
