@@ -197,3 +197,17 @@ def test_ui_links_open_the_model_training_view_and_experiments_are_described(sto
     assert all(ids[k] in sweep for k in ("a", "a2", "b")) and ids["pinned"] not in sweep
     exp = MlflowClient(uri).get_experiment_by_name("k25exp/macro")
     assert exp.tags["mlflow.note.content"] == " ".join(MacroConfig.__doc__.split())
+
+
+def test_a_sweep_parent_stands_for_its_children_paired_by_swept_value(store):
+    from mlflow.tracking import MlflowClient
+
+    uri, tmp, ids = store
+    parent = MlflowClient(uri).get_run(ids["a"]).data.tags["mlflow.parentRunId"]
+    p, rows, _ = compare(uri, tmp, parent, parent, "--no-track", subprocess_cli=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert rows["a"]["kind"] == "sweep" and sorted(rows["a"]["runs"]) == sorted([ids["a"], ids["a2"], ids["b"]])
+    # gap 40 was run twice: the newer run (A2) stands for it; gap 48 is B
+    pairs = {r["pair"] for r in rows["rows"]}
+    assert pairs == {f"macro [FAKE_VLLM_GAP_MS={BASE_GAP}]", f"macro [FAKE_VLLM_GAP_MS={LONG_GAP}]"}
+    assert not [r for r in rows["rows"] if r["significant"]]  # each run against itself
