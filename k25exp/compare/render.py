@@ -176,7 +176,7 @@ def change_plot(c: Comparison) -> Optional[bytes]:
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1300px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.6em 0;font-size:.85em}th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right}
-th{background:#f3f3f3}td:first-child,td:last-child{text-align:left}.sig{background:#fff6d5}.fail{background:#fdd;font-weight:bold}
+th{background:#f3f3f3}td:first-child,td:last-child,th:first-child,th:last-child{text-align:left}.sig{background:#fff6d5}.fail{background:#fdd;font-weight:bold}
 .note{color:#555}img{max-width:100%}"""
 
 
