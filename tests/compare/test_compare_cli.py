@@ -124,7 +124,8 @@ def test_longer_gap_is_significant_and_fails(store):
     assert p.returncode == 1, p.stdout[-4000:] + p.stderr[-2000:]
     tpot = row(rows, "single_stream_tpot_ms")
     assert tpot["significant"] is True and tpot["worse_beyond_fail_on"] is True
-    assert 12 < tpot["change_pct"] < 30  # the gap went up 20 %; the client adds a little
+    # the gap went up 20 %; TPOT = gap + a little, and a loaded machine drifts a few percent
+    assert 10 < tpot["change_pct"] < 30
     lo, hi = tpot["ci_pct"]
     assert 0 < lo <= tpot["median_change_pct"] <= hi
     assert "FAIL:" in p.stdout and "single_stream_tpot_ms" in p.stdout
