@@ -2,10 +2,11 @@
 
     k25exp experiment=nccl_burst [key=value ...]     # same as python -m k25exp ...
     k25exp -m experiment=nccl_burst experiment.tokens=1,8,64
-    k25exp ui [--port 5000]                          # MLflow UI on the default store
+    k25exp ui [--port 5000] [--links-only]           # MLflow UI on the default store, direct links
     k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
     k25exp analyze TRACE... [--json] [--out DIR]     # decode-step breakdown of profiler traces
     k25exp make-model [model=tiny_kimi] [seed=0]     # the embedded model (macro's default)
+    k25exp compare A B [--fail-on PCT]               # two runs / sweeps / campaigns, with significance
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ def _ui(args: list[str]) -> int:
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--uri", help="tracking store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)")
+    p.add_argument("--links-only", action="store_true", help="print the links and exit (no server)")
     a = p.parse_args(args)
+    from k25exp.compare.links import ui_links
     from k25exp.config.store import project_root
 
     uri = a.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
         f"sqlite:///{project_root() / 'outputs' / 'mlflow.db'}"
+    # MLflow 3 opens experiments in its GenAI view; these links open the runs table instead
+    try:
+        print("\n".join(ui_links(uri, f"http://{a.host}:{a.port}")), flush=True)
+    except Exception as e:  # the links are a convenience: the UI still starts
+        print(f"k25exp ui: no links ({type(e).__name__}: {e})", file=sys.stderr)
+    if a.links_only:
+        return 0
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
             "--host", a.host, "--port", str(a.port)]
     print("k25exp:", " ".join(argv), flush=True)
@@ -105,7 +115,14 @@ def _analyze(args: list[str]) -> int:
     return 0
 
 
-SUBCOMMANDS = {"ui": _ui, "sync": _sync, "analyze": _analyze, "make-model": _make_model}
+def _compare(args: list[str]) -> int:
+    from k25exp.compare.command import main as compare_main
+
+    return compare_main(args)
+
+
+SUBCOMMANDS = {"ui": _ui, "sync": _sync, "analyze": _analyze, "make-model": _make_model,
+               "compare": _compare}
 
 
 def main() -> None:

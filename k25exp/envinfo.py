@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import platform
+import shutil
 import socket
 import subprocess
 from pathlib import Path
+
+UNAVAILABLE = "unavailable"
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -32,6 +37,9 @@ def host_tags(root: Path) -> dict[str, str]:
     if commit:
         tags["git_commit"] = commit
         tags["git_dirty"] = str(bool(_git(root, "status", "--porcelain", "--untracked-files=no")))
+        tags["git_diff_sha256"] = diff_hash(root)
+    tags.update(cpu_tags())
+    tags.update(cuda_tags(torch))
     try:
         from importlib.metadata import version
 
@@ -44,6 +52,136 @@ def host_tags(root: Path) -> dict[str, str]:
     except ImportError:
         pass
     return tags
+
+
+def diff_hash(root: Path) -> str:
+    """sha256 of `git diff HEAD` (tracked files' uncommitted changes): two runs of one commit
+    with different hashes ran different code; "clean" when there is no diff."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "diff", "HEAD"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return UNAVAILABLE
+    if r.returncode != 0:
+        return UNAVAILABLE
+    return hashlib.sha256(r.stdout).hexdigest() if r.stdout else "clean"
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_tags() -> dict[str, str]:
+    """CPU model, cores, the cores this process may run on, and the frequency governor (a
+    `powersave` box times slower than a `performance` one of the same model)."""
+    names = local_device_names("cpu")
+    try:
+        affinity = str(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        affinity = UNAVAILABLE
+    return {"env.cpu_model": names[0] if names else UNAVAILABLE,
+            "env.cpu_cores": str(os.cpu_count() or UNAVAILABLE),
+            "env.cpu_affinity": affinity,
+            "env.cpu_governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+            or "unavailable (no cpufreq in /sys)"}
+
+
+def cuda_tags(torch) -> dict[str, str]:
+    """On a CUDA box: CUDA and NCCL versions as torch was built with them, the driver, and per
+    GPU its application clocks, power limit and ECC mode (NVML through nvidia-ml-py if importable, else
+    nvidia-smi). Nothing off CUDA: a CPU run's tags stay about the CPU."""
+    try:
+        if not torch.cuda.is_available():
+            return {}
+    except Exception:
+        return {}
+    tags = {"env.cuda": str(torch.version.cuda)}
+    try:
+        v = torch.cuda.nccl.version()  # a tuple in recent torch, an int (2.21.5 → 22105) before
+        tags["env.nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception as e:
+        tags["env.nccl"] = f"{UNAVAILABLE} ({type(e).__name__})"
+    tags.update(_nvml() or _nvidia_smi() or {"env.gpu_clocks": UNAVAILABLE + " (no NVML, no nvidia-smi)"})
+    return tags
+
+
+def _nvml() -> dict[str, str] | None:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        out = {"env.driver": _s(pynvml.nvmlSystemGetDriverVersion())}
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+
+            def q(fn, *a):
+                try:
+                    return fn(h, *a)
+                except Exception:
+                    return None
+            # application clocks (the clocks work runs at, a setting), not the current clock,
+            # which is a moment's reading and would make every two runs differ
+            sm = q(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_SM)
+            mem = q(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_MEM)
+            sm_max = q(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
+            power = q(pynvml.nvmlDeviceGetPowerManagementLimit)
+            ecc = q(pynvml.nvmlDeviceGetEccMode)
+            gpus.append((f"sm {sm} MHz (max {sm_max}), mem {mem} MHz",
+                         f"{power / 1000:g} W" if power else UNAVAILABLE,
+                         ("on" if ecc[0] else "off") if ecc else UNAVAILABLE))
+        return {**out, **_per_gpu(gpus), "env.gpu_info_source": "nvml"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvidia_smi() -> dict[str, str] | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    fields = ("driver_version,clocks.applications.graphics,clocks.max.sm,clocks.applications.memory,"
+              "power.limit,ecc.mode.current")
+    try:
+        r = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = [[x.strip() for x in line.split(",")] for line in r.stdout.splitlines() if line.strip()]
+    if r.returncode != 0 or not rows or any(len(x) != 6 for x in rows):
+        return None
+    # written as the NVML path writes them, so the source alone never makes two runs differ
+    gpus = [(f"sm {x[1]} MHz (max {x[2]}), mem {x[3]} MHz", _watts(x[4]),
+             {"enabled": "on", "disabled": "off"}.get(x[5].lower(), x[5].lower())) for x in rows]
+    return {"env.driver": rows[0][0], **_per_gpu(gpus), "env.gpu_info_source": "nvidia-smi"}
+
+
+def _watts(v: str) -> str:
+    try:
+        return f"{float(v):g} W"
+    except ValueError:  # "[N/A]"
+        return UNAVAILABLE
+
+
+def _per_gpu(gpus: list[tuple[str, str, str]]) -> dict[str, str]:
+    """One tag per quantity: the value when all GPUs agree, else each GPU's, by index."""
+    def one(vals: list[str]) -> str:
+        return vals[0] if len(set(vals)) == 1 else "; ".join(f"{i}: {v}" for i, v in enumerate(vals))
+    return {"env.gpu_clocks": one([g[0] for g in gpus]), "env.gpu_power_limit": one([g[1] for g in gpus]),
+            "env.gpu_ecc": one([g[2] for g in gpus])}
 
 
 def local_device_names(device: str) -> list[str]:

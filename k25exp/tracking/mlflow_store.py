@@ -74,8 +74,10 @@ class MlflowStore:
         if exp is not None:
             return exp.experiment_id
         location = f"{Path(self.artifact_root).as_posix()}/{name}" if self.artifact_root else None
+        desc = experiment_description(name)  # shown as the experiment's description in the UI
         try:
-            return self.client.create_experiment(name, artifact_location=location)
+            return self.client.create_experiment(name, artifact_location=location,
+                                                 tags={"mlflow.note.content": desc} if desc else None)
         except Exception:  # created concurrently by another job
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
@@ -95,6 +97,16 @@ class MlflowStore:
 
     def children(self, parent_run_id: str) -> list:
         return child_runs(self.client, parent_run_id)
+
+
+def experiment_description(name: str) -> Optional[str]:
+    """`k25exp/<experiment>`'s schema docstring (what it measures), else None."""
+    from k25exp.config.schema import EXPERIMENT_SCHEMAS
+
+    cls = EXPERIMENT_SCHEMAS.get(name.split("/", 1)[-1]) if name.startswith("k25exp/") else None
+    doc = (cls.__doc__ or "") if cls is not None else ""
+    # a dataclass without a docstring gets its signature as __doc__: not a description
+    return " ".join(doc.split()) if doc and not doc.startswith(cls.__name__ + "(") else None
 
 
 def child_runs(client, parent_run_id: str) -> list:

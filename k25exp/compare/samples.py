@@ -1,0 +1,132 @@
+"""The raw samples behind each figure, from the artifacts a run kept.
+
+A figure is (metric name, step or None). Each experiment kind maps its figures to the samples
+they summarise:
+
+* macro / spec_decode: `requests.jsonl` (spec_decode: `spec/` and, prefixed `baseline/`,
+  `baseline/`): per request TPOT, TTFT, E2E and every inter-chunk gap (ITL), of the
+  single-stream phase (`single_stream_*`) and of each sweep level (step = concurrency).
+* nccl_burst, allreduce_sweep, all_to_all: `raw/` (the ranks' files, read as the runner reads
+  them, each sample the slowest rank's): per burst the queued time (and the bandwidth over
+  it), per op the blocking latency, per replay the CUDA-graph time.
+* gemm: none: the runner logs each point's median and p90 only, not per-call times.
+
+Samples test a figure's location (median / mean). Tail percentiles (p90, p99) are not
+tested: a change of a p99 from a few dozen samples is not something a rank test answers.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Optional
+
+import orjson
+
+Figure = tuple[str, Optional[int]]  # (metric, step); step None = a run-level figure
+Samples = dict[Figure, list[float]]
+
+NO_SAMPLES = {
+    "gemm": "no samples (gemm keeps median and p90, not per-call times)",
+    "profile": "no samples (shares of one capture)",
+    "trace_breakdown": "no samples (shares of given traces)",
+    "report": "no samples (derived from other runs)",
+}
+TAIL = re.compile(r"_p(9\d|99)(_|$)")
+
+
+def _records(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def _request_values(recs: list[dict]) -> dict[str, list[float]]:
+    """Per-request (and per-gap, for ITL) values in ms, of the requests that succeeded."""
+    ok = [r for r in recs if r.get("ok")]
+    out = {"tpot_ms": [r["tpot_s"] * 1e3 for r in ok if r.get("tpot_s") is not None],
+           "ttft_ms": [r["ttft_s"] * 1e3 for r in ok if r.get("ttft_s") is not None],
+           "e2e_ms": [r["e2e_s"] * 1e3 for r in ok if r.get("e2e_s") is not None],
+           "itl_ms": [(b - a) * 1e3 for r in ok for a, b in zip(r["chunk_s"], r["chunk_s"][1:])],
+           "tpot_ms_no_stalls": [r["tpot_s"] * 1e3 for r in ok
+                                 if r.get("tpot_s") is not None and not r.get("stalls")]}
+    return out
+
+
+def serving_samples(jsonl: Path, prefix: str = "") -> Samples:
+    recs = _records(jsonl)
+    out: Samples = {}
+    single = _request_values([r for r in recs if r.get("phase") == "single"])
+    for metric, what in (("single_stream_tpot_ms", "tpot_ms"), ("single_stream_tpot_ms_mean", "tpot_ms"),
+                         ("single_stream_ttft_ms", "ttft_ms"), ("single_stream_itl_ms_p50", "itl_ms"),
+                         ("single_stream_e2e_ms", "e2e_ms"),
+                         ("single_stream_tpot_ms_no_stalls", "tpot_ms_no_stalls")):
+        if single[what]:
+            out[(prefix + metric, None)] = single[what]
+    levels = sorted({r["level"] for r in recs if r.get("phase") == "sweep"})
+    for c in levels:
+        vals = _request_values([r for r in recs if r.get("phase") == "sweep" and r["level"] == c])
+        for what in ("tpot_ms", "ttft_ms", "e2e_ms", "itl_ms"):
+            if vals[what]:
+                for stat in ("p50", "mean"):
+                    out[(f"{prefix}{what}_{stat}", c)] = vals[what]
+        if vals["tpot_ms_no_stalls"]:
+            for stat in ("mean", "p50"):
+                out[(f"{prefix}tpot_ms_{stat}_no_stalls", c)] = vals["tpot_ms_no_stalls"]
+    return out
+
+
+def collective_samples(raw: Path, experiment: str) -> Samples:
+    from k25exp.collectives.results import bus_factor, read_rank_files
+
+    files = read_rank_files(raw)
+    world = files.world_size
+    out: Samples = {}
+    for p in files.points:
+        q = p.queued_s
+        per_op_s = [s / p.burst for s in q]
+        op = "all_to_all" if experiment == "all_to_all" else "all_reduce"
+        algbw = [p.nbytes / s / 1e9 for s in (q if experiment == "nccl_burst" else per_op_s)]
+        busbw = [x * bus_factor(op, world) for x in algbw] if world else []
+        blocking_us = [s * 1e6 for s in p.blocking_s]
+        graph = [s / p.burst * 1e6 for s in p.graph_s] if p.graph_s else []
+        if experiment == "nccl_burst":
+            step, figs = None, {"burst_ms": [s * 1e3 for s in q], "queued_op_us": [s * 1e6 for s in per_op_s],
+                                "op_us_p50": blocking_us, "op_us_mean": blocking_us,
+                                "graph_burst_ms": [s * 1e3 for s in (p.graph_s or [])]}
+            figs.update({f"{k.replace('_', '')}_ms_per_step": [s * 1e3 for s in v]
+                         for k, v in p.queued_kind_s.items()})
+        elif experiment == "allreduce_sweep":
+            step, figs = p.nbytes, {"time_us": [s * 1e6 for s in per_op_s], "blocking_us_p50": blocking_us,
+                                    "time_us_graph": graph}
+        else:
+            step, figs = p.label, {"a2a_us": [s * 1e6 for s in per_op_s],
+                                   "a2a_us_per_token": [s * 1e6 / p.label for s in per_op_s],
+                                   "a2a_blocking_us_p50": blocking_us, "a2a_us_graph": graph}
+        figs.update(algbw_gbps=algbw, busbw_gbps=busbw)
+        out.update({(k, step): v for k, v in figs.items() if v})
+    return out
+
+
+# experiment -> (artifact paths to fetch, reader of the fetched folder)
+Reader = Callable[[Path], Samples]
+SOURCES: dict[str, tuple[tuple[str, ...], Reader]] = {
+    "macro": (("requests.jsonl",), lambda d: serving_samples(d / "requests.jsonl")),
+    "spec_decode": (("spec/requests.jsonl", "baseline/requests.jsonl"),
+                    lambda d: {**serving_samples(d / "spec" / "requests.jsonl"),
+                               **(serving_samples(d / "baseline" / "requests.jsonl", "baseline/")
+                                  if (d / "baseline" / "requests.jsonl").exists() else {})}),
+    **{e: (("raw",), lambda d, e=e: collective_samples(d / "raw", e))
+       for e in ("nccl_burst", "allreduce_sweep", "all_to_all")},
+}
+
+
+def why_no_samples(experiment: str, metric: str, samples_found: bool, problem: str = "") -> str:
+    """The note a figure without samples carries instead of a test."""
+    if problem:
+        return f"no samples ({problem})"
+    if experiment in NO_SAMPLES:
+        return NO_SAMPLES[experiment]
+    if TAIL.search(metric) and samples_found:
+        return "not tested (tail percentile: samples test the median)"
+    if experiment not in SOURCES:
+        return f"no samples ({experiment} keeps none that compare reads)"
+    return "no samples (summary figure)"

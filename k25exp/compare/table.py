@@ -1,0 +1,137 @@
+"""The comparison itself: every figure of every pair of runs, A, B, change, significance.
+
+A figure's A and B are the values the runs logged; its significance comes from the raw
+samples behind it (k25exp.compare.samples): Mann-Whitney U, Holm-adjusted over every distinct
+sample set tested in this compare, and a bootstrap 95 % interval of the median's change.
+A change is called significant only when it is also larger than the noise floor (`noise`,
+percent of the median): two runs of one setup on a shared machine drift by a few percent, and
+samples as tight as a timer's detect that drift with tiny p-values; a change smaller than it is
+reported as within noise, never as a regression. `--fail-on PCT` fails on a figure whose
+change is significant, goes the declared worse way (k25exp.compare.directions) and exceeds PCT
+percent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from k25exp.compare import directions, envdiff, resolve, samples, stats
+
+DEFAULT_NOISE_PCT = 5.0
+# Bookkeeping timings of the job itself, not figures of what was measured.
+SKIP_METRICS = ("measure_s", "job_s", "torchrun_s", "server_start_s")
+
+
+@dataclass
+class Row:
+    pair: str
+    metric: str
+    step: Optional[int]
+    a: Optional[float]
+    b: Optional[float]
+    better: str  # directions.LOWER | HIGHER | UNKNOWN
+    test: Optional[stats.Test] = None
+    p_adjusted: Optional[float] = None
+    significant: Optional[bool] = None  # None: not tested (note says why)
+    within_noise: bool = False  # p < alpha but the median moved less than the noise floor
+    note: str = ""
+    worse_beyond: bool = False  # counts against --fail-on
+
+    @property
+    def figure(self) -> str:
+        return self.metric + (f" @{self.step}" if self.step is not None else "")
+
+    @property
+    def change_pct(self) -> Optional[float]:
+        if self.a is None or self.b is None or self.a == 0 or not math.isfinite(self.a):
+            return None
+        return (self.b - self.a) / abs(self.a) * 100
+
+
+@dataclass
+class Comparison:
+    a: resolve.Side
+    b: resolve.Side
+    pairs: list[resolve.Pair]
+    rows: list[Row]
+    unmatched: list[str]
+    tag_diff: list[tuple[str, str, str]]
+    param_diff: list[tuple[str, str, str]]
+    alpha: float
+    fail_on: Optional[float]
+    noise: float = DEFAULT_NOISE_PCT
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failing(self) -> list[Row]:
+        return [r for r in self.rows if r.worse_beyond]
+
+    @property
+    def significant(self) -> list[Row]:
+        return [r for r in self.rows if r.significant]
+
+
+def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
+            fail_on: Optional[float] = None, noise: float = DEFAULT_NOISE_PCT) -> Comparison:
+    c = resolve.client(uri)
+    a, b = resolve.resolve(c, a_id), resolve.resolve(c, b_id)
+    pairs, unmatched = resolve.match(a, b)
+    rows: list[Row] = []
+    notes: list[str] = []
+    for p in pairs:
+        fa, fb = resolve.figures(c, p.a, SKIP_METRICS), resolve.figures(c, p.b, SKIP_METRICS)
+        sa, problem_a = resolve.fetch_samples(uri, p.a)
+        sb, problem_b = resolve.fetch_samples(uri, p.b)
+        problem = "; ".join(x for x in (problem_a, problem_b) if x)
+        pair_rows: list[Row] = []
+        tests: dict[tuple[int, int], Optional[stats.Test]] = {}  # one test per distinct pair of sample sets
+        for fig in sorted(set(fa) | set(fb), key=lambda f: (f[1] is not None, f[1] or 0, f[0])):
+            metric, step = fig
+            better, _ = directions.direction(metric)
+            row = Row(p.label, metric, step, fa.get(fig), fb.get(fig), better)
+            if fig in sa and fig in sb:
+                ident = (id(sa[fig]), id(sb[fig]))
+                if ident not in tests:
+                    tests[ident] = stats.compare_samples(sa[fig], sb[fig])
+                row.test = tests[ident]
+                if row.test is None:
+                    row.note = (f"not tested (fewer than {stats.MIN_SAMPLES} samples: "
+                                f"{len(sa[fig])} vs {len(sb[fig])})")
+            else:
+                row.note = samples.why_no_samples(p.experiment, metric, bool(sa and sb), problem)
+                if fig in sa or fig in sb:
+                    row.note = f"no samples in {'B' if fig in sa else 'A'}"
+            if better == directions.UNKNOWN:
+                row.note = (row.note + "; " if row.note else "") + "direction unknown: never fails"
+            pair_rows.append(row)
+        # Holm over this pair's distinct tests, then the verdict per row
+        distinct = list(tests.items())
+        valid = [(k, t) for k, t in distinct if t is not None]
+        adjusted = dict(zip((k for k, _ in valid), stats.holm([t.p for _, t in valid])))
+        for row in pair_rows:
+            if row.test is None:
+                continue
+            key = next(k for k, t in valid if t is row.test)
+            row.p_adjusted = adjusted[key]
+            moved = abs(row.test.median_change_pct) > noise
+            row.within_noise = row.p_adjusted < alpha and not moved
+            row.significant = row.p_adjusted < alpha and moved
+            ch = row.change_pct
+            if (fail_on is not None and row.significant and ch is not None
+                    and directions.is_worse(row.metric, ch) and abs(ch) > fail_on):
+                row.worse_beyond = True
+        rows += pair_rows
+    if any(r.test for r in rows):
+        notes.append(f"significant = Mann-Whitney U two-sided p < {alpha:g} after Holm's "
+                     "adjustment over the distinct sample sets tested per pair; interval = "
+                     f"bootstrap 95 % of the median's change ({stats.BOOTSTRAP_RESAMPLES} "
+                     f"resamples, seed {stats.BOOTSTRAP_SEED}); a median change within "
+                     f"±{noise:g} % (the noise floor) is never called significant")
+    for side in (a, b):
+        if side.left_out:
+            notes.append(f"left out of {side.ident}: {', '.join(side.left_out)} (not finished)")
+    return Comparison(a, b, pairs, rows, unmatched, envdiff.tag_diff(a, b),
+                      envdiff.param_diff(pairs), alpha, fail_on, noise, notes)
+

@@ -1,0 +1,127 @@
+"""Load a page in headless Chromium over the DevTools protocol and say what a user would see:
+the images (loaded, natural width) and every console error or uncaught exception.
+
+Chromium (Debian: `apt-get install chromium`) and the `websockets` package are needed;
+`chromium_path()` is None without the browser, so tests can skip saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+
+def chromium_path() -> Optional[str]:
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+class Chromium:
+    """One headless Chromium for several pages (each in a fresh tab): `with Chromium() as b:
+    b.load(page)`."""
+
+    def __init__(self, timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> "Chromium":
+        from websockets.sync.client import connect
+
+        self._profile = tempfile.TemporaryDirectory(prefix="k25exp-chromium-")
+        self._proc = subprocess.Popen([chromium_path(), "--headless=new", "--no-sandbox", "--disable-gpu",
+                                       "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
+                                       "--no-first-run", "about:blank"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            self._conn = connect(_devtools_url(self._proc, self.timeout_s), max_size=None,
+                                 open_timeout=self.timeout_s)
+            self._ws = self._conn.__enter__()  # websockets 17 wants it used as a context manager
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def load(self, page: Path) -> dict:
+        return _drive(self._ws, page.resolve().as_uri(), self.timeout_s)
+
+    def __exit__(self, *exc) -> None:
+        self._conn.__exit__(None, None, None)
+        self._stop()
+
+    def _stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._profile.cleanup()
+
+
+def load(page: Path, timeout_s: float = 30.0) -> dict:
+    """{"title", "images": [[complete, naturalWidth, alt]], "errors": [..], "text": body text}"""
+    with Chromium(timeout_s) as b:
+        return b.load(page)
+
+
+def _devtools_url(proc: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        m = re.search(r"DevTools listening on (ws://\S+)", line)
+        if m:
+            return m.group(1)
+    raise RuntimeError("chromium did not open its DevTools port: " + "".join(seen)[-2000:])
+
+
+def _drive(ws, url: str, timeout_s: float) -> dict:
+    ids = iter(range(1, 10**6))
+    events: list[dict] = []
+
+    def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
+        i = next(ids)
+        msg = {"id": i, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        ws.send(json.dumps(msg))
+        while True:
+            m = json.loads(ws.recv(timeout=timeout_s))
+            if m.get("id") == i:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                return m.get("result", {})
+            events.append(m)
+
+    target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    for domain in ("Page", "Runtime", "Log"):
+        call(f"{domain}.enable", session=session)
+    call("Page.navigate", {"url": url}, session=session)
+    deadline = time.monotonic() + timeout_s
+    while not any(e.get("method") == "Page.loadEventFired" for e in events):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not finish loading in {timeout_s:g} s")
+        events.append(json.loads(ws.recv(timeout=timeout_s)))
+    js = ("JSON.stringify({title: document.title, text: document.body.innerText,"
+          " images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt])})")
+    res = call("Runtime.evaluate", {"expression": js, "returnByValue": True}, session=session)
+    out = json.loads(res["result"]["value"])
+    errors = []
+    for e in events:
+        p = e.get("params", {})
+        if e.get("method") == "Runtime.exceptionThrown":
+            errors.append(p["exceptionDetails"].get("text", "exception"))
+        elif e.get("method") == "Runtime.consoleAPICalled" and p.get("type") == "error":
+            errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
+        elif e.get("method") == "Log.entryAdded" and p["entry"]["level"] == "error":
+            errors.append(p["entry"]["text"])
+    out["errors"] = errors
+    call("Target.closeTarget", {"targetId": target})
+    return out

@@ -1,0 +1,69 @@
+"""The report's and the compare's HTML pages in headless Chromium: they render, every plot is
+a visible image, and the console stays free of errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.report import metrics as M
+from k25exp.report import render as report_render
+from k25exp.report.figures import Figure, Section
+from k25exp.report.sources import Campaign, RunView
+from tests.compare.browser import Chromium, chromium_path
+
+pytestmark = pytest.mark.skipif(
+    chromium_path() is None,
+    reason="needs Chromium (Debian: apt-get install -y chromium) to load the pages headless")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with Chromium() as b:
+        yield b
+
+
+def check(browser, page):
+    seen = browser.load(page)
+    assert seen["errors"] == []
+    assert seen["images"], f"no image on {page.name}"
+    assert all(complete and width > 0 for complete, width, _ in seen["images"]), seen["images"]
+    return seen
+
+
+def test_report_page_renders_with_its_plot(browser, tmp_path):
+    run = RunView("a" * 32, "1", "macro", "FINISHED", 0)
+    plot = {"kind": "sweep", "file": "tpot.png", "x": [1, 2, 4], "series": {"TPOT": [10.0, 11.0, 13.0]},
+            "xlabel": "concurrency", "ylabel": "ms", "title": "TPOT"}
+    sections = [Section("Decode budget", [Figure(M.TPOT, 12.5, [run])], plot=plot)]
+    _, page, _ = report_render.write(tmp_path, Campaign("c-browser", "sqlite:///x.db", [run]),
+                                     sections, "http://127.0.0.1:5000", "now")
+    seen = check(browser, page)
+    assert "k25exp campaign report: c-browser" in seen["text"]
+
+
+def test_compare_page_renders_with_its_plot(browser, tmp_path):
+    from k25exp.compare import render
+    from k25exp.compare.resolve import Pair, Side
+    from k25exp.compare.stats import compare_samples
+    from k25exp.compare.table import Comparison, Row
+
+    a, b = RunView("a" * 32, "1", "macro", "FINISHED", 0), RunView("b" * 32, "1", "macro", "FINISHED", 1)
+    t = compare_samples([10, 10.2, 9.9, 10.1, 10.05], [12, 12.1, 11.9, 12.2, 12.05])
+    pair = Pair("macro", {}, a, b)
+    rows = [Row(pair.label, "single_stream_tpot_ms", None, 10.05, 12.05, "lower", t, 0.01, True),
+            Row(pair.label, "output_tok_s", 2, 100.0, 90.0, "higher", note="no samples: derived")]
+    c = Comparison(Side(a.run_id, "run", [a]), Side(b.run_id, "run", [b]), [pair], rows, [],
+                   [("env.cpu_affinity", "2", "1")], [], 0.05, None)
+    _, page = render.write(tmp_path, c, "now")
+    seen = check(browser, page)
+    assert "env.cpu_affinity" in seen["text"] and "single_stream_tpot_ms" in seen["text"]
+
+
+def test_the_check_sees_a_broken_image_and_console_errors(browser, tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text('<!doctype html><html><head><title>bad</title></head><body>'
+                    '<img alt="broken" src="data:image/png;base64,AAAA">'
+                    '<script>console.error("bad thing"); throw new Error("boom")</script></body></html>')
+    seen = browser.load(page)
+    assert seen["images"] == [[True, 0, "broken"]]  # loaded, but nothing to show
+    assert "bad thing" in seen["errors"] and any("Uncaught" in e for e in seen["errors"])

@@ -1,0 +1,50 @@
+"""Pairing runs by experiment and swept values, and the refusal of different experiments."""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.compare.envdiff import tag_diff
+from k25exp.compare.resolve import CompareError, Side, match
+from k25exp.report.sources import RunView
+
+
+def run(rid: str, exp: str, t: int = 0, tags: dict | None = None, **params) -> RunView:
+    return RunView(rid, "1", exp, "FINISHED", t, params={"paths.outputs": f"/o/{rid}", **params},
+                   tags=tags or {})
+
+
+def test_sweeps_pair_by_swept_values_not_by_order():
+    a = Side("pa", "sweep", [run("a1", "nccl_burst", **{"experiment.tokens": "1"}),
+                             run("a8", "nccl_burst", **{"experiment.tokens": "8"})])
+    b = Side("pb", "sweep", [run("b8", "nccl_burst", **{"experiment.tokens": "8"}),
+                             run("b1", "nccl_burst", **{"experiment.tokens": "1"}),
+                             run("b64", "nccl_burst", **{"experiment.tokens": "64"})])
+    pairs, unmatched = match(a, b)
+    assert [(p.a.run_id, p.b.run_id, p.swept) for p in pairs] == [
+        ("a1", "b1", {"experiment.tokens": "1"}), ("a8", "b8", {"experiment.tokens": "8"})]
+    assert unmatched == ["nccl_burst [experiment.tokens=64]: only in B (run b64)"]
+
+
+def test_different_experiments_are_refused_by_name():
+    a = Side("ra", "run", [run("ra", "macro")])
+    b = Side("rb", "run", [run("rb", "nccl_burst")])
+    with pytest.raises(CompareError, match=r"A \(run ra\) holds runs of experiment macro; B \(run rb\) "
+                                           r"holds nccl_burst: runs of different experiments"):
+        match(a, b)
+
+
+def test_campaigns_pair_what_both_have_and_name_the_rest():
+    a = Side("c1", "campaign", [run("m1", "macro"), run("g1", "gemm")])
+    b = Side("c2", "campaign", [run("m2", "macro")])
+    pairs, unmatched = match(a, b)
+    assert [(p.a.run_id, p.b.run_id) for p in pairs] == [("m1", "m2")]
+    assert unmatched == ["gemm: only A has runs of it (1)"]
+
+
+def test_tag_diff_leaves_out_run_specific_tags():
+    a = Side("a", "run", [run("a", "macro", tags={"env.cpu_affinity": "2", "mlflow.runName": "x",
+                                                  "k25exp.output_dir": "/o/a", "torch": "2.13"})])
+    b = Side("b", "run", [run("b", "macro", tags={"env.cpu_affinity": "1", "mlflow.runName": "y",
+                                                  "k25exp.output_dir": "/o/b", "torch": "2.13"})])
+    assert tag_diff(a, b) == [("env.cpu_affinity", "2", "1")]

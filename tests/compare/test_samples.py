@@ -1,0 +1,53 @@
+"""The samples behind figures, from hand-built artifacts (values worked out by hand)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from k25exp.compare.samples import collective_samples, serving_samples, why_no_samples
+
+
+def _write(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_collective_samples_are_the_slowest_ranks_per_burst_and_per_op(tmp_path):
+    env = [{"kind": "env", "rank": r, "world_size": 2} for r in (0, 1)]
+    point = {"kind": "point", "point": 0, "label": 8, "numel": 4, "bytes": 8, "burst": 2}
+    _write(tmp_path / "rank0.jsonl", [env[0], {**point, "rank": 0, "queued_s": [1.0, 4.0],
+                                               "blocking_s": [0.1, 0.5]}])
+    _write(tmp_path / "rank1.jsonl", [env[1], {**point, "rank": 1, "queued_s": [3.0, 2.0],
+                                               "blocking_s": [0.3, 0.4]}])
+    s = collective_samples(tmp_path, "allreduce_sweep")
+    # slowest rank per burst: 3 s and 4 s for 2 ops → 1.5 s and 2 s per op; step = bytes (8)
+    assert s[("time_us", 8)] == pytest.approx([1.5e6, 2e6])
+    assert s[("blocking_us_p50", 8)] == pytest.approx([0.3e6, 0.5e6])
+    # 8 B in 1.5 s = 5.33e-9 GB/s; bus factor of an all-reduce over 2 ranks: 2 × 1/2 = 1
+    assert s[("busbw_gbps", 8)] == pytest.approx([8 / 1.5 / 1e9, 8 / 2 / 1e9])
+    burst = collective_samples(tmp_path, "nccl_burst")
+    assert burst[("burst_ms", None)] == pytest.approx([3000.0, 4000.0])
+
+
+def test_serving_samples_per_phase_and_level(tmp_path):
+    def rec(phase, level, chunks, tokens, ok=True):
+        tpot = (chunks[-1] - chunks[0]) / (tokens - 1)
+        return {"phase": phase, "level": level, "ok": ok, "chunk_s": chunks, "ttft_s": chunks[0],
+                "e2e_s": chunks[-1], "tpot_s": tpot, "stalls": []}
+    _write(tmp_path / "requests.jsonl", [
+        rec("warmup", 1, [0.5, 0.6, 0.7], 3),  # never a sample
+        rec("single", 1, [0.010, 0.020, 0.040], 3), rec("single", 1, [0.012, 0.022, 0.032], 3),
+        rec("sweep", 2, [0.1, 0.2], 2), rec("sweep", 2, [0.1, 0.3], 2, ok=False)])
+    s = serving_samples(tmp_path / "requests.jsonl")
+    assert s[("single_stream_tpot_ms", None)] == pytest.approx([15.0, 10.0])  # (40−10)/2, (32−12)/2
+    assert s[("single_stream_itl_ms_p50", None)] == pytest.approx([10.0, 20.0, 10.0, 10.0])
+    assert s[("ttft_ms_p50", 2)] == pytest.approx([100.0])  # the failed request left out
+    assert ("single_stream_ttft_ms", None) in s and not any(k[0].startswith("warmup") for k in s)
+
+
+def test_figures_without_samples_say_why():
+    assert why_no_samples("gemm", "gate_up.tp2/marlin/latency_us", False).startswith(
+        "no samples (gemm keeps median and p90")
+    assert why_no_samples("macro", "tpot_ms_p99", True).startswith("not tested (tail percentile")
+    assert "kept no" in why_no_samples("macro", "tpot_ms_p50", False, "run abc kept no `requests.jsonl`")
