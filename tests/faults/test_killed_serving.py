@@ -1,0 +1,57 @@
+"""A served job (fake vLLM server) SIGKILLed mid-level: its run ends KILLED with the finished
+levels' figures and requests.jsonl, and no server process is left.
+
+What happens to the server: it runs in a session of its own (the job's process-group kill
+does not reach it), but it was started with PR_SET_PDEATHSIG (k25exp.serving.process), so
+the kernel sends it SIGTERM when the job dies; the fake server exits on SIGTERM as vLLM does.
+This test checks that no fake-server process is left without any help from recovery.
+"""
+
+from __future__ import annotations
+
+import json
+
+from k25exp.poll import wait_until
+from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recover, start_job
+from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
+
+
+def _sweep_level_written(path) -> bool:
+    if not path.exists():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["phase"] == "sweep":
+                return True
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return False
+
+
+def test_sigkill_mid_level_then_recover(tmp_path):
+    assert not orphans(marks=FAKE_MARKS), "fake servers left by an earlier test"
+    outputs, run_dir = tmp_path / "outputs", tmp_path / "run"
+    uri = f"sqlite:///{outputs}/mlflow.db"
+    args = fake_overrides(fake_model(tmp_path / "model"), tmp_path / "server_logs", "FAKE_VLLM_GAP_MS=40")
+    job = start_job(outputs, run_dir, *args, "debug=quick", "experiment.concurrency=[1,2,4]",
+                    "experiment.single_stream_requests=2", "experiment.requests=4",
+                    "experiment.input_tokens=16", "experiment.output_tokens=24",
+                    "experiment.progress=false")
+    # The first level's records are written once it is over; the second takes ~2 s.
+    kill_job_when(job, lambda: _sweep_level_written(run_dir / "requests.jsonl"), 120,
+                  "the first concurrency level was written")
+    left = orphans(grace_s=10, marks=FAKE_MARKS)
+    assert not left, f"fake server outlived the job: {left}"
+
+    r = recover(uri)
+    assert r.returncode == 0 and "1 recovered" in r.stdout, r.stdout + r.stderr
+    c, run = only_run(uri)
+    tags = run.data.tags
+    assert run.info.status == "KILLED"
+    assert "macro: single-stream phase, 1 finished concurrency level(s) [1]" in tags["k25exp.recovered_figures"]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "output_tok_s")] == [1]
+    assert run.data.metrics["single_stream_tpot_ms"] > 0
+    assert run.data.metrics["peak_concurrency"] == 1
+    arts = artifact_paths(c, run.info.run_id)
+    assert {"requests.jsonl", "config.resolved.yaml", "plots/throughput_vs_concurrency.png"} <= arts, arts
+    wait_until(lambda: not orphans(grace_s=0, marks=FAKE_MARKS), 5, 0.2, "no fake server")
