@@ -63,7 +63,12 @@ def _sync(args: list[str]) -> int:
     if missing:
         print(f"k25exp sync: no such folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    report = sync(a.paths, MlflowStore(uri, root))
+    from k25exp.config.schema import TrackingConfig
+    from k25exp.tracking.runs import recover_dead_runs
+
+    store = MlflowStore(uri, root)
+    recover_dead_runs(store, TrackingConfig())  # as every command that opens the store
+    report = sync(a.paths, store)
     for folder, run_id, what in report:
         print(f"{what:>16}  {run_id or '-':32}  {folder}")
     print(f"k25exp sync: {sum(w == 'uploaded' for _, _, w in report)} uploaded, "

@@ -2,9 +2,11 @@
 finished points' figures and the raw samples.
 
 What happens to the processes: the job runs torchrun in a session of its own, so killing the
-job's process group leaves torchrun and its ranks running (they go on measuring into the run
-folder). Recovery stops every process whose command line names the run folder before it
-reads the folder, and says which in the tag k25exp.recovered_stopped.
+job's process group leaves torchrun and its ranks running; they go on measuring into the run
+folder until a rank's next progress line hits the pipe the dead job no longer reads
+(BrokenPipeError), which ends them within a point or so. Recovery does not count on that: it
+stops every process whose command line names the run folder before it reads the folder, and
+lists them in the tag k25exp.recovered_stopped ("none found" when they had already ended).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def test_sigkill_mid_sweep_then_recover(tmp_path):
                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for _ in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in both]
+    t_recovered = time.time()
     assert all(p.returncode == 0 for p in both), outs
     assert sum("1 recovered" in o for o in outs) == 1, outs
     assert not _left(run_dir), "a process of the killed job is still running"
@@ -59,8 +62,7 @@ def test_sigkill_mid_sweep_then_recover(tmp_path):
     assert tags["k25exp.recovered"].startswith(time.strftime("%Y-", time.gmtime()))
     assert "finished point(s) from raw/" in tags["k25exp.recovered_figures"]
     assert tags["error"].startswith("killed: process")
-    if torchrun_survived:
-        assert "torch" in tags["k25exp.recovered_stopped"] or "python" in tags["k25exp.recovered_stopped"]
+    assert tags["k25exp.recovered_stopped"]
     files = read_rank_files(run_dir / "raw")
     assert files.points, "no finished point to recover"
     steps = sorted(m.step for m in c.get_metric_history(run.info.run_id, "busbw_gbps"))
@@ -72,7 +74,8 @@ def test_sigkill_mid_sweep_then_recover(tmp_path):
             "results.txt", "plots/busbw_vs_size.png"} <= arts, arts
     assert run.info.end_time <= int(time.time() * 1000)
     print(f"recovered run: status {run.info.status}, {len(steps)} points, artifacts {sorted(arts)}, "
-          f"torchrun survived the kill: {torchrun_survived}, killed at {t_kill:.0f}")
+          f"torchrun survived the kill: {torchrun_survived}, stopped on recovery: "
+          f"{tags['k25exp.recovered_stopped']}, kill to recovered: {t_recovered - t_kill:.1f} s")
 
     again = recover(uri)  # idempotent: nothing left to do
     assert again.returncode == 0 and "0 recovered" in again.stdout, again.stdout + again.stderr
