@@ -4,6 +4,7 @@ write (or a half-migrated one) is refused with what to do, byte for byte untouch
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sqlite3
 import threading
 
@@ -17,10 +18,18 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """One store MLflow created (a fresh schema takes seconds); each test damages a copy."""
+    db = tmp_path_factory.mktemp("pristine") / "mlflow.db"
+    MlflowStore(f"sqlite:///{db}")
+    return db
+
+
 @pytest.fixture
-def store_db(tmp_path):
+def store_db(pristine, tmp_path):
     db = tmp_path / "mlflow.db"
-    MlflowStore(f"sqlite:///{db}", str(tmp_path / "art"))
+    shutil.copy(pristine, db)
     assert check_store(db) == "current"
     return db
 
@@ -93,8 +102,8 @@ def test_store_creation_waits_for_the_store_lock(tmp_path):
     assert check_store(db) == "current"
 
 
-def test_the_lock_is_reentrant_within_a_process(tmp_path):
-    store = MlflowStore(f"sqlite:///{tmp_path}/mlflow.db")
+def test_the_lock_is_reentrant_within_a_process(store_db):
+    store = MlflowStore(f"sqlite:///{store_db}")
     with store.lock:  # recovery holds it across calls that take it again
         run = store.start_run("k25exp/test")
         run.log_metrics({"a": 1.0})
