@@ -11,9 +11,24 @@ from __future__ import annotations
 
 import json
 
+import psutil
+
 from k25exp.poll import wait_until
+from k25exp.tracking.recover import names_folder
 from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recover, start_job
-from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
+from tests.serving.helpers import fake_model, fake_overrides
+
+
+def fake_servers_of(folder) -> list[int]:
+    """Live fake-server processes started for this test (their --model is under `folder`;
+    other tests on this machine may run fake servers of their own)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if (p.info["status"] != psutil.STATUS_ZOMBIE and any("fake_vllm_server" in a for a in cmd)
+                and names_folder(cmd, folder)):
+            found.append(p.pid)
+    return found
 
 
 def _sweep_level_written(path) -> bool:
@@ -29,7 +44,6 @@ def _sweep_level_written(path) -> bool:
 
 
 def test_sigkill_mid_level_then_recover(tmp_path):
-    assert not orphans(marks=FAKE_MARKS), "fake servers left by an earlier test"
     outputs, run_dir = tmp_path / "outputs", tmp_path / "run"
     uri = f"sqlite:///{outputs}/mlflow.db"
     args = fake_overrides(fake_model(tmp_path / "model"), tmp_path / "server_logs", "FAKE_VLLM_GAP_MS=40")
@@ -40,8 +54,8 @@ def test_sigkill_mid_level_then_recover(tmp_path):
     # The first level's records are written once it is over; the second takes ~2 s.
     kill_job_when(job, lambda: _sweep_level_written(run_dir / "requests.jsonl"), 120,
                   "the first concurrency level was written")
-    left = orphans(grace_s=10, marks=FAKE_MARKS)
-    assert not left, f"fake server outlived the job: {left}"
+    assert wait_until(lambda: not fake_servers_of(tmp_path), 10, 0.1, "fake server gone",
+                      raise_timeout=False), f"fake server outlived the job: {fake_servers_of(tmp_path)}"
 
     r = recover(uri)
     assert r.returncode == 0 and "1 recovered" in r.stdout, r.stdout + r.stderr
@@ -54,4 +68,4 @@ def test_sigkill_mid_level_then_recover(tmp_path):
     assert run.data.metrics["peak_concurrency"] == 1
     arts = artifact_paths(c, run.info.run_id)
     assert {"requests.jsonl", "config.resolved.yaml", "plots/throughput_vs_concurrency.png"} <= arts, arts
-    wait_until(lambda: not orphans(grace_s=0, marks=FAKE_MARKS), 5, 0.2, "no fake server")
+    assert not fake_servers_of(tmp_path)
