@@ -56,6 +56,11 @@ def open_run(tracking, folder: Path, run_name: Optional[str], tags: dict,
             from k25exp.tracking.liveness import Heartbeat, where_tags
             from k25exp.tracking.mlflow_store import MlflowStore
 
+            if tracking.heartbeat_s and tracking.stale_after_s < 2 * tracking.heartbeat_s:
+                raise ValueError(
+                    f"tracking.stale_after_s={tracking.stale_after_s:g} must be at least twice "
+                    f"tracking.heartbeat_s={tracking.heartbeat_s:g}: a run on another host that "
+                    "beats on time would be judged dead and ended")
             store = MlflowStore(tracking.uri, tracking.artifact_root)
             recover_dead_runs(store, tracking)
             run = store.start_run(tracking.experiment_name, run_name=run_name,

@@ -74,6 +74,10 @@ def test_sigkill_mid_sweep_then_recover(tmp_path):
     assert {"raw/rank0.jsonl", "raw/rank1.jsonl", "raw/torchrun.log", "config.resolved.yaml",
             "results.txt", "plots/busbw_vs_size.png"} <= arts, arts
     assert run.info.end_time <= int(time.time() * 1000)
+    print("recovered run's k25exp tags:", {k: v for k, v in tags.items()
+                                           if k.startswith(("k25exp.recover", "k25exp.host", "k25exp.pid",
+                                                            "k25exp.heartbeat", "error"))})
+    print("metrics:", sorted(run.data.metrics))
     print(f"recovered run: status {run.info.status}, {len(steps)} points, artifacts {sorted(arts)}, "
           f"torchrun survived the kill: {torchrun_survived}, stopped on recovery: "
           f"{tags['k25exp.recovered_stopped']}, kill to recovered: {t_recovered - t_kill:.1f} s")
