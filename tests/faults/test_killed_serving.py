@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 
 import psutil
+import pytest
 
 from k25exp.poll import wait_until
 from k25exp.tracking.recover import names_folder
 from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recover, start_job
 from tests.serving.helpers import fake_model, fake_overrides
+
+
+pytestmark = pytest.mark.fake_server  # with the other server tests, in one xdist worker
 
 
 def fake_servers_of(folder) -> list[int]:
