@@ -4,6 +4,7 @@
     k25exp -m experiment=nccl_burst experiment.tokens=1,8,64
     k25exp ui [--port 5000] [--links-only]           # MLflow UI on the default store, direct links
     k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
+    k25exp recover [--uri URI] [--dry-run]           # end runs of jobs killed hard, KILLED
     k25exp analyze TRACE... [--json] [--out DIR]     # decode-step breakdown of profiler traces
     k25exp make-model [model=tiny_kimi] [seed=0]     # the embedded model (macro's default)
     k25exp compare A B [--fail-on PCT]               # two runs / sweeps / campaigns, with significance
@@ -72,12 +73,54 @@ def _sync(args: list[str]) -> int:
     if missing:
         print(f"k25exp sync: no such folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    report = sync(a.paths, MlflowStore(uri, root))
+    from k25exp.config.schema import TrackingConfig
+    from k25exp.tracking.runs import recover_dead_runs
+
+    store = MlflowStore(uri, root)
+    recover_dead_runs(store, TrackingConfig())  # as every command that opens the store
+    report = sync(a.paths, store)
     for folder, run_id, what in report:
         print(f"{what:>16}  {run_id or '-':32}  {folder}")
     print(f"k25exp sync: {sum(w == 'uploaded' for _, _, w in report)} uploaded, "
           f"{sum(w == 'already synced' for _, _, w in report)} already there, to {uri}")
     return 1 if any(w.startswith("skipped") for _, _, w in report) else 0
+
+
+def _recover(args: list[str]) -> int:
+    import argparse
+    import os
+
+    from k25exp.config.schema import TrackingConfig
+
+    p = argparse.ArgumentParser(prog="k25exp recover",
+                                description="End the RUNNING runs whose job was killed hard (SIGKILL, "
+                                            "OOM, lost node): upload the run folder, recompute what "
+                                            "figures it allows, and mark the run KILLED.")
+    p.add_argument("--uri", help="store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)")
+    p.add_argument("--stale-after-s", type=float, default=TrackingConfig.stale_after_s,
+                   help="a run on another host is dead when its heartbeat is older than this "
+                        "(default %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="only list the runs that would be recovered")
+    a = p.parse_args(args)
+    from k25exp.config.store import project_root
+    from k25exp.tracking.mlflow_store import MlflowStore
+    from k25exp.tracking.recover import recover_stale
+    from k25exp.tracking.sqlite_schema import StoreRefused
+
+    uri = a.uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+        f"sqlite:///{project_root() / 'outputs' / 'mlflow.db'}"
+    try:
+        store = MlflowStore(uri)
+    except StoreRefused as e:
+        print(f"k25exp recover: {e}", file=sys.stderr)
+        return 2
+    report = recover_stale(store, a.stale_after_s, dry_run=a.dry_run)
+    for r in report:
+        print(f"{r.outcome:>13}  {r.run_id}  {r.detail}")
+    print(f"k25exp recover: {sum(r.outcome == 'recovered' for r in report)} recovered, "
+          f"{sum(r.outcome == 'stale' for r in report)} to recover (dry run), "
+          f"{sum(r.outcome == 'failed' for r in report)} failed, in {uri}")
+    return 1 if any(r.outcome == "failed" for r in report) else 0
 
 
 def _analyze(args: list[str]) -> int:
@@ -121,8 +164,8 @@ def _compare(args: list[str]) -> int:
     return compare_main(args)
 
 
-SUBCOMMANDS = {"ui": _ui, "sync": _sync, "analyze": _analyze, "make-model": _make_model,
-               "compare": _compare}
+SUBCOMMANDS = {"ui": _ui, "sync": _sync, "recover": _recover, "analyze": _analyze,
+               "make-model": _make_model, "compare": _compare}
 
 
 def main() -> None:

@@ -117,6 +117,13 @@ class TrackingConfig:
     # Env names redacted wherever k25exp writes them (MLflow params, resolved config, server
     # log header), besides any name containing TOKEN, KEY, SECRET or PASSWORD (k25exp.redact).
     redact: List[str] = field(default_factory=list)
+    # A job killed hard leaves its run RUNNING: every command that opens the store (and
+    # `k25exp recover`) ends such runs KILLED with what their folder holds. A run is dead when
+    # its pid on this host is gone (or reused); on another host, when its heartbeat tag,
+    # refreshed every heartbeat_s (0 = never), is older than stale_after_s.
+    heartbeat_s: float = 30.0
+    stale_after_s: float = 900.0
+    recover_on_open: bool = True
 
 
 @dataclass

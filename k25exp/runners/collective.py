@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from k25exp import tables
 from k25exp.collectives.launch import LaunchOutcome, Topology, launch
@@ -15,6 +17,27 @@ from k25exp.tracking.recorder import Recorder
 
 class CollectiveFailed(RuntimeError):
     """The collective run failed; whatever finished was logged before this was raised."""
+
+
+# Set by replaying(): measure() reads what the ranks already wrote instead of launching them
+# (recovering a killed job's run computes its figures with this same runner code).
+_replay = contextvars.ContextVar("k25exp_collective_replay", default=False)
+
+
+@contextlib.contextmanager
+def replaying() -> Iterator[None]:
+    token = _replay.set(True)
+    try:
+        yield
+    finally:
+        _replay.reset(token)
+
+
+def _replayed(raw: Path) -> LaunchOutcome:
+    """A launch that was killed: what torchrun.log holds is its tail."""
+    log_file = raw / "torchrun.log"
+    tail = log_file.read_text(errors="replace").splitlines()[-40:] if log_file.exists() else []
+    return LaunchOutcome(returncode=-9, seconds=0.0, log_tail=tail)
 
 
 def timing_tags(spec: CollectiveSpec) -> dict[str, str]:
@@ -84,13 +107,16 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     rec.set_tags(timing_tags(spec))
     topo = Topology(nproc_per_node=hw.nproc_per_node, nnodes=hw.nnodes, node_rank=hw.node_rank,
                     rdzv_endpoint=hw.rdzv_endpoint, env=rank_env(hw))
-    outcome = launch(spec, topo, out / "raw", wall_limit_s=cfg.experiment.wall_limit_s)
+    replay = _replay.get()
+    outcome = _replayed(out / "raw") if replay else \
+        launch(spec, topo, out / "raw", wall_limit_s=cfg.experiment.wall_limit_s)
     files = read_rank_files(out / "raw")
     rec.set_tags(env_tags(files))
     impls = {p.impl.get("impl") for p in files.points if p.impl.get("impl")}
     if impls:  # what the communicator picked (vLLM: shm, custom all-reduce, pynccl, ...)
         rec.set_tags({"communicator.impl": "; ".join(sorted(impls))[:4000]})
-    rec.log_metrics({"torchrun_s": outcome.seconds, "points_measured": len(files.points)})
+    rec.log_metrics({"points_measured": len(files.points)} if replay else
+                    {"torchrun_s": outcome.seconds, "points_measured": len(files.points)})
     return files, outcome
 
 

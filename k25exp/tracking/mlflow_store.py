@@ -6,8 +6,10 @@ Hydra's basic launcher runs in one process; explicit run ids don't.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Optional
@@ -15,6 +17,8 @@ from typing import Mapping, Optional
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from k25exp.tracking.sqlite_schema import check_store
 
 
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
@@ -27,18 +31,90 @@ def is_local(uri: str) -> bool:
     return uri.startswith(("sqlite:", "file:")) or "://" not in uri
 
 
+class StoreLock:
+    """Exclusive flock on a file beside the SQLite database, re-entrant in this process.
+
+    Re-entrant because recovery holds it across several calls (re-check the status, upload,
+    end the run) that each take it again; a thread lock in front keeps this process's threads
+    (the heartbeat) in turn, as flock alone would let them all through one open file.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._file = None
+
+    def __enter__(self) -> "StoreLock":
+        self._thread_lock.acquire()
+        if self._depth == 0:
+            try:
+                f = open(self.path, "a")
+                fcntl.flock(f, fcntl.LOCK_EX)
+            except BaseException:
+                self._thread_lock.release()
+                raise
+            self._file = f
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        try:
+            if self._depth == 0:
+                f, self._file = self._file, None
+                try:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                finally:
+                    f.close()
+        finally:
+            self._thread_lock.release()
+
+
+_locks: dict[str, StoreLock] = {}
+_locks_guard = threading.Lock()
+
+
+def store_lock(lock_path: Path) -> StoreLock:
+    """The one StoreLock of this process for a lock file (every store object shares it)."""
+    with _locks_guard:
+        return _locks.setdefault(str(lock_path), StoreLock(lock_path))
+
+
+class StoreFull(OSError):
+    """The store's disk is full (or a file-size limit was hit): nothing more can be logged."""
+
+
+# SQLite reports ENOSPC as "database or disk is full" and EFBIG (a file-size limit) as a
+# disk I/O error.
+_FULL = ("database or disk is full", "file too large", "no space left on device", "disk i/o error")
+
+
+def _is_full(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            return True
+        if any(m in str(e).lower() for m in _FULL):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 class _SerialisedClient:
-    """MlflowClient whose calls hold an exclusive lock on a file beside the SQLite database.
+    """MlflowClient whose calls hold the store's lock (StoreLock).
 
     Jobs launched in parallel (joblib, submitit-local) share one SQLite file; SQLite allows
-    one writer and MLflow's store gives up with "database is locked" under contention, and a
-    fresh store's schema creation races ("duplicate column"). Each call is short, so taking
-    turns costs little. flock works between processes of one machine; several machines
-    should share an MLflow server instead.
+    one writer and MLflow's store gives up with "database is locked" under contention. Each
+    call is short, so taking turns costs little. flock works between processes of one
+    machine; several machines should share an MLflow server instead.
     """
 
     def __init__(self, client: MlflowClient, lock_path: Path):
         self._client, self._lock_path = client, lock_path
+
+    @property
+    def lock(self) -> StoreLock:
+        return store_lock(self._lock_path)
 
     def __getattr__(self, name: str):
         if name.startswith("__") or name in ("_client", "_lock_path"):
@@ -48,26 +124,52 @@ class _SerialisedClient:
             return attr
 
         def locked(*args, **kwargs):
-            with open(self._lock_path, "a") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
+            with self.lock:
                 try:
                     return attr(*args, **kwargs)
-                finally:
-                    fcntl.flock(f, fcntl.LOCK_UN)
+                except Exception as e:
+                    if _is_full(e):
+                        db = self._lock_path.with_suffix("")
+                        raise StoreFull(
+                            f"MLflow store {db} could not be written ({name}): the disk is "
+                            f"full, a file-size limit was hit or the disk failed: {e}. The job's "
+                            "output folder keeps what it measured; free space, then `k25exp "
+                            "recover` uploads the folder of any run left RUNNING and ends it") from e
+                    raise
 
         return locked
+
+
+class _NullLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 class MlflowStore:
     def __init__(self, uri: str, artifact_root: Optional[str] = None):
         self.uri = uri
         self.artifact_root = artifact_root if is_local(uri) else None
-        client = MlflowClient(tracking_uri=uri)
         if uri.startswith("sqlite:///"):
             db = Path(uri[len("sqlite:///"):])
             db.parent.mkdir(parents=True, exist_ok=True)
-            client = _SerialisedClient(client, db.with_name(db.name + ".lock"))
-        self.client = client
+            lock_path = db.with_name(db.name + ".lock")
+            # Constructing the store creates and migrates a fresh schema: under the same lock
+            # as every call, after checking the file is fresh or at this MLflow's revision.
+            with store_lock(lock_path):
+                check_store(db)
+                client = MlflowClient(tracking_uri=uri)
+                client._tracking_client.store  # noqa: B018  (creates the schema now, locked)
+            self.client = _SerialisedClient(client, lock_path)
+        else:
+            self.client = MlflowClient(tracking_uri=uri)
+
+    @property
+    def lock(self):
+        """The store's inter-process lock (a no-op for a server, which serialises itself)."""
+        return self.client.lock if isinstance(self.client, _SerialisedClient) else _NullLock()
 
     def experiment_id(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
@@ -94,6 +196,10 @@ class MlflowStore:
         run = self.client.create_run(self.experiment_id(experiment_name), run_name=run_name,
                                      tags=all_tags, start_time=start_time)
         return MlflowRun(self.client, run.info.run_id)
+
+    def run(self, run_id: str) -> "MlflowRun":
+        """An existing run, to log more to it (recovery)."""
+        return MlflowRun(self.client, run_id)
 
     def children(self, parent_run_id: str) -> list:
         return child_runs(self.client, parent_run_id)
@@ -122,6 +228,16 @@ class MlflowRun:
     def __init__(self, client: MlflowClient, run_id: str):
         self.client, self.run_id = client, run_id
         self._metrics: list[Metric] = []
+        # The heartbeat thread flushes too: the buffer is handed over under this lock.
+        self._buffer_lock = threading.Lock()
+        self.heartbeat = None  # a liveness.Heartbeat while the run is open
+
+    def __getstate__(self):  # a parallel launcher may pickle the run: locks and threads stay
+        return {"client": self.client, "run_id": self.run_id, "_metrics": list(self._metrics)}
+
+    def __setstate__(self, state):
+        self.__init__(state["client"], state["run_id"])
+        self._metrics = state["_metrics"]
 
     def log_params(self, params: Mapping[str, str]) -> None:
         items = [Param(k, str(v)[:PARAM_MAX_CHARS]) for k, v in params.items()]
@@ -140,8 +256,10 @@ class MlflowRun:
 
     def queue_metric(self, metric: Metric) -> None:
         """One metric point with its own timestamp (an offline run's, when syncing)."""
-        self._metrics.append(metric)
-        if len(self._metrics) >= METRIC_BATCH:
+        with self._buffer_lock:
+            self._metrics.append(metric)
+            full = len(self._metrics) >= METRIC_BATCH
+        if full:
             self.flush()
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -149,20 +267,32 @@ class MlflowRun:
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
 
     def flush(self) -> None:
-        while self._metrics:
-            batch, self._metrics = self._metrics[:METRIC_BATCH], self._metrics[METRIC_BATCH:]
-            self.client.log_batch(self.run_id, metrics=batch)
+        while True:
+            with self._buffer_lock:
+                batch, self._metrics = self._metrics[:METRIC_BATCH], self._metrics[METRIC_BATCH:]
+            if not batch:
+                return
+            try:
+                self.client.log_batch(self.run_id, metrics=batch)
+            except BaseException:
+                with self._buffer_lock:  # not sent: back in front, for the next flush or end()
+                    self._metrics[:0] = batch
+                raise
 
     def log_artifacts(self, local_dir: Path, artifact_path: Optional[str] = None) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
     def end(self, status: str = "FINISHED", end_time: Optional[int] = None) -> None:
         """Flush and terminate; the run is terminated (FAILED if the flush fails) either way."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
         try:
             self.flush()
         except Exception:
             status = "FAILED"
-            self._metrics.clear()
+            with self._buffer_lock:
+                self._metrics.clear()
             raise
         finally:
             self.client.set_terminated(self.run_id, status, end_time=end_time)

@@ -26,6 +26,20 @@ def server_unreachable(uri: str, timeout_s: float) -> Optional[str]:
     return None if r.status_code == 200 else f"{uri}/health answered HTTP {r.status_code}"
 
 
+def recover_dead_runs(store, tracking) -> None:
+    """Every command that opens the store ends the runs of jobs killed hard (recover.py).
+    Someone else's dead run is never a reason for this job to fail: errors are logged."""
+    if not tracking.recover_on_open:
+        return
+    from k25exp.tracking.recover import recover_stale
+
+    try:
+        for r in recover_stale(store, tracking.stale_after_s):
+            log.warning("run %s of a dead job: %s (%s)", r.run_id, r.outcome, r.detail)
+    except Exception as e:
+        log.warning("looking for runs of dead jobs failed: %s: %s", type(e).__name__, e)
+
+
 def open_run(tracking, folder: Path, run_name: Optional[str], tags: dict,
              parent: Optional[dict] = None, role: str = "job"):
     """An MlflowRun, an OfflineRun, or None (tracking=none).
@@ -39,11 +53,22 @@ def open_run(tracking, folder: Path, run_name: Optional[str], tags: dict,
     if tracking.backend == "mlflow":
         reason = server_unreachable(tracking.uri, tracking.connect_timeout_s)
         if reason is None:
+            from k25exp.tracking.liveness import Heartbeat, where_tags
             from k25exp.tracking.mlflow_store import MlflowStore
 
+            if tracking.heartbeat_s and tracking.stale_after_s < 2 * tracking.heartbeat_s:
+                raise ValueError(
+                    f"tracking.stale_after_s={tracking.stale_after_s:g} must be at least twice "
+                    f"tracking.heartbeat_s={tracking.heartbeat_s:g}: a run on another host that "
+                    "beats on time would be judged dead and ended")
             store = MlflowStore(tracking.uri, tracking.artifact_root)
-            return store.start_run(tracking.experiment_name, run_name=run_name, tags=tags,
-                                   parent_run_id=(parent or {}).get("run_id"))
+            recover_dead_runs(store, tracking)
+            run = store.start_run(tracking.experiment_name, run_name=run_name,
+                                  tags={**tags, **where_tags()},
+                                  parent_run_id=(parent or {}).get("run_id"))
+            if tracking.heartbeat_s and tracking.heartbeat_s > 0:
+                run.heartbeat = Heartbeat(run, tracking.heartbeat_s).start()
+            return run
         if not tracking.offline_fallback:
             raise ConnectionError(reason)
         log.warning("%s: logging offline to %s; upload later with `k25exp sync %s`",

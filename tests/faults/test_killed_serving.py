@@ -1,0 +1,75 @@
+"""A served job (fake vLLM server) SIGKILLed mid-level: its run ends KILLED with the finished
+levels' figures and requests.jsonl, and no server process is left.
+
+What happens to the server: it runs in a session of its own (the job's process-group kill
+does not reach it), but it was started with PR_SET_PDEATHSIG (k25exp.serving.process), so
+the kernel sends it SIGTERM when the job dies; the fake server exits on SIGTERM as vLLM does.
+This test checks that no fake-server process is left without any help from recovery.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from k25exp.poll import wait_until
+from k25exp.tracking.recover import names_folder
+from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recover, start_job
+from tests.serving.helpers import fake_model, fake_overrides
+
+
+pytestmark = [pytest.mark.fake_server, pytest.mark.xdist_group("servers")]  # with the other server tests, in one xdist worker
+
+
+def fake_servers_of(folder) -> list[int]:
+    """Live fake-server processes started for this test (their --model is under `folder`;
+    other tests on this machine may run fake servers of their own)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if (p.info["status"] != psutil.STATUS_ZOMBIE and any("fake_vllm_server" in a for a in cmd)
+                and names_folder(cmd, folder)):
+            found.append(p.pid)
+    return found
+
+
+def _sweep_level_written(path) -> bool:
+    if not path.exists():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["phase"] == "sweep":
+                return True
+        except (json.JSONDecodeError, KeyError):
+            pass
+    return False
+
+
+def test_sigkill_mid_level_then_recover(tmp_path):
+    outputs, run_dir = tmp_path / "outputs", tmp_path / "run"
+    uri = f"sqlite:///{outputs}/mlflow.db"
+    args = fake_overrides(fake_model(tmp_path / "model"), tmp_path / "server_logs", "FAKE_VLLM_GAP_MS=40")
+    job = start_job(outputs, run_dir, *args, "debug=quick", "experiment.concurrency=[1,2,4]",
+                    "experiment.single_stream_requests=2", "experiment.requests=4",
+                    "experiment.input_tokens=16", "experiment.output_tokens=24",
+                    "experiment.progress=false")
+    # The first level's records are written once it is over; the second takes ~2 s.
+    kill_job_when(job, lambda: _sweep_level_written(run_dir / "requests.jsonl"), 120,
+                  "the first concurrency level was written")
+    assert wait_until(lambda: not fake_servers_of(tmp_path), 10, 0.1, "fake server gone",
+                      raise_timeout=False), f"fake server outlived the job: {fake_servers_of(tmp_path)}"
+
+    r = recover(uri)
+    assert r.returncode == 0 and "1 recovered" in r.stdout, r.stdout + r.stderr
+    c, run = only_run(uri)
+    tags = run.data.tags
+    assert run.info.status == "KILLED"
+    assert "macro: single-stream phase, 1 finished concurrency level(s) [1]" in tags["k25exp.recovered_figures"]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "output_tok_s")] == [1]
+    assert run.data.metrics["single_stream_tpot_ms"] > 0
+    assert run.data.metrics["peak_concurrency"] == 1
+    arts = artifact_paths(c, run.info.run_id)
+    assert {"requests.jsonl", "config.resolved.yaml", "plots/throughput_vs_concurrency.png"} <= arts, arts
+    assert not fake_servers_of(tmp_path)
