@@ -318,7 +318,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     srv, _ = await admin.server_view(http, conn.model, before, completed(res))
                     figs = figures(res, srv)
                     if not figs["valid"]:
-                        log.warning(describe_invalid(f"level {lvl}", figs, exp.max_client_lag_ms))
+                        log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level c={c}",
+                                                     figs, exp.max_client_lag_ms))
                     rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)},
                                     step=step_of(exp, c))
                     measured.append((c, figs))

@@ -139,7 +139,8 @@ def test_a_figure_without_samples_says_so(store):
     tput = row(rows, "output_tok_s", 2)
     assert tput["significant"] is None and tput["p"] is None
     assert tput["note"] == "no samples (summary figure)"
-    assert row(rows, "tpot_ms_p99", 2)["note"].startswith("not tested (tail percentile")
+    # a p99 of a few requests is no figure at all (stats.min_samples), so nothing to compare
+    assert not [r for r in rows["rows"] if r["metric"] == "tpot_ms_p99"]
 
 
 def test_environment_diff_names_the_changed_tag(store):
