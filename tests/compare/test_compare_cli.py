@@ -22,7 +22,9 @@ import pytest
 from tests.conftest import ROOT, make_k25
 from tests.serving.helpers import FAKE_ENTRYPOINT, FAKE_MARKS, fake_model, orphans
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.fake_server, pytest.mark.xdist_group("servers")]
+# Its fake servers serve this module's own model folder and its orphan check looks only at
+# those, so it runs beside the servers worker rather than in it.
+pytestmark = pytest.mark.timeout(300)
 
 MACRO = ["experiment=macro", FAKE_ENTRYPOINT, "server.port=0", "server.ready_timeout_s=30",
          "server.stop_timeout_s=5", "experiment.input_tokens=16", "experiment.output_tokens=5",

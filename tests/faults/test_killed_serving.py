@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import psutil
-import pytest
 
 from k25exp.poll import wait_until
 from k25exp.tracking.recover import names_folder
@@ -20,7 +19,8 @@ from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recove
 from tests.serving.helpers import fake_model, fake_overrides
 
 
-pytestmark = [pytest.mark.fake_server, pytest.mark.xdist_group("servers")]  # with the other server tests, in one xdist worker
+# Its orphan check looks only at this test's fake servers, so it runs beside the servers
+# worker rather than in it.
 
 
 def fake_servers_of(folder) -> list[int]:

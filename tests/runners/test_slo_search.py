@@ -92,7 +92,8 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
 @pytest.mark.fake_server
 @pytest.mark.xdist_group("servers")
 def test_an_slo_no_load_meets_is_refused_by_saying_so(model, tmp_path):
+    # high rates, so the three probes take seconds: 8, 4, 2 req/s (lowest), all over 1 ms
     with pytest.raises(NoLoadMeetsSlo, match=r"no probed req/s met the SLO \(p90 of ttft_ms <= 1\); "
-                       r"tried 1, 0.5, 0.25"):
-        _fake_search(model, tmp_path, "experiment.slo={ttft_ms: 1}", "experiment.lowest=0.25",
-                     "experiment.start=1")
+                       r"tried 8, 4, 2"):
+        _fake_search(model, tmp_path, "experiment.slo={ttft_ms: 1}", "experiment.lowest=2",
+                     "experiment.start=8")
