@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--slo-ttft-ms", type=float, default=200.0)
+    ap.add_argument("--slo-tpot-ms", type=float, default=30.0)
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="k25_vs_vllm_")))
     a = ap.parse_args()
     register_configs()
@@ -44,7 +46,8 @@ def main() -> None:
             "experiment=macro", "experiment.load=open", "server.port=0", "tracking=none",
             f"experiment.input_tokens={a.input_len}", f"experiment.output_tokens={a.output_len}",
             f"experiment.requests={a.requests}", "experiment.single_stream_requests=0",
-            "experiment.progress=false", f"paths.outputs={a.out}"]))
+            "experiment.progress=false", f"paths.outputs={a.out}",
+            f"experiment.slo.ttft_ms={a.slo_ttft_ms}", f"experiment.slo.tpot_ms={a.slo_tpot_ms}"]))
     rows = []
     try:
         for rate in a.rates:
@@ -52,8 +55,9 @@ def main() -> None:
             rec = MemoryRecorder()
             macro.run(replace(cfg, experiment=exp), a.out / f"k25_{rate:g}", rec)
             step = int(round(rate * 1000))
-            ours = {k: rec.latest(k).get(step) for k in ("ttft_ms_p50", "tpot_ms_p50",
-                                                         "achieved_rate_req_s", "valid")}
+            ours = {k: rec.latest(k).get(step) for k in (
+                "ttft_ms_p50", "tpot_ms_p50", "achieved_rate_req_s", "scheduled_rate_req_s", "valid",
+                "goodput_req_s", "good_fraction", "ttft_sched_ms_p50", "rate_error_pct")}
             conn = server.running()[0]
             res = a.out / f"vllm_{rate:g}.json"
             subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
@@ -71,13 +75,15 @@ def main() -> None:
         server.stop_all()
     print(f"# {a.requests} requests per rate, {a.input_len} in / {a.output_len} out, Poisson")
     print("# rate  k25_ttft_p50  vllm_ttft_p50  diff%   k25_tpot_p50  vllm_tpot_p50  diff%  "
-          "k25_sent_rate  vllm_rate  k25_valid")
+          "k25_sched_rate  k25_sent_rate  err%  vllm_rate  k25_valid  goodput  good%")
     for rate, o, t in rows:
         d1 = (o["ttft_ms_p50"] - t["median_ttft_ms"]) / t["median_ttft_ms"] * 100
         d2 = (o["tpot_ms_p50"] - t["median_tpot_ms"]) / t["median_tpot_ms"] * 100
         print(f"{rate:6g} {o['ttft_ms_p50']:13.2f} {t['median_ttft_ms']:14.2f} {d1:+6.1f} "
               f"{o['tpot_ms_p50']:14.2f} {t['median_tpot_ms']:14.2f} {d2:+6.1f} "
-              f"{o['achieved_rate_req_s']:14.3f} {t['request_throughput']:10.3f} {o['valid']:10.0f}")
+              f"{o['scheduled_rate_req_s']:15.3f} {o['achieved_rate_req_s']:14.3f} "
+              f"{o['rate_error_pct']:+5.1f} {t['request_throughput']:10.3f} {o['valid']:10.0f} "
+              f"{o['goodput_req_s']:8.3f} {100 * o['good_fraction']:5.0f}")
 
 
 if __name__ == "__main__":
