@@ -109,7 +109,8 @@ class RankFiles:
     incomplete_points: int
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file up to a torn last line (a writer killed mid-line)."""
     out = []
     for line in path.read_text().splitlines():
         try:
@@ -126,10 +127,10 @@ def _elementwise_max(lists: Sequence[Sequence[float]]) -> list[float]:
 def read_rank_files(raw_dir: Path) -> RankFiles:
     """Every rank's records: rank 0's gathered copy when there is one (it is the only
     complete copy on several nodes), else the per-rank files; faults from the rank files."""
-    local = [r for p in sorted(raw_dir.glob("rank*.jsonl")) for r in _read_jsonl(p)]
+    local = [r for p in sorted(raw_dir.glob("rank*.jsonl")) for r in read_jsonl(p)]
     gathered = raw_dir / "gathered.jsonl"
     if gathered.exists():
-        recs = _read_jsonl(gathered) + [r for r in local if r["kind"] == "fault"]
+        recs = read_jsonl(gathered) + [r for r in local if r["kind"] == "fault"]
     else:
         recs = local
     env = sorted((r for r in recs if r["kind"] == "env"), key=lambda r: r["rank"])

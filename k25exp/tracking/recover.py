@@ -12,7 +12,6 @@ once, and a second recovery finds nothing to do.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -201,25 +200,16 @@ def _collective_figures(out: Path, run) -> str:
             "(torchrun not relaunched): metrics, results.txt/.csv, plots/")
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    recs = []
-    for line in path.read_text().splitlines():
-        try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # torn last line of a killed writer
-    return recs
-
-
 def _macro_figures(out: Path, run) -> str:
     """Per-level figures (k25exp.serving.figures) of every level requests.jsonl holds: the
     job writes a level's records once the level is over, so these are the finished ones.
     The server's /metrics view and the client's CPU and loop lag were not kept: absent."""
     from k25exp import plots
+    from k25exp.collectives.results import read_jsonl  # a torn last line tolerated, as for ranks
     from k25exp.serving.figures import level_figures
 
     groups: dict[tuple[str, int], list[dict]] = {}
-    for r in _read_jsonl(out / "requests.jsonl"):
+    for r in read_jsonl(out / "requests.jsonl"):
         groups.setdefault((r["phase"], r["level"]), []).append(r)
     levels, tput = [], []
     for (phase, level), recs in groups.items():
