@@ -62,7 +62,8 @@ def test_single_run_records_params_tags_and_artifacts(k25):
 
 
 def test_multirun_gives_one_parent_and_a_child_per_job(k25):
-    r = k25("-m", "experiment=nccl_burst", "debug=quick", "experiment.tokens=1,8")
+    r = k25("-m", "experiment=nccl_burst", "debug=quick", "experiment.tokens=1,8",
+            "experiment.communicator=torch")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = r.runs()
     parents = [x for x in runs if x.data.tags.get("k25exp.role") == "parent"]
@@ -78,7 +79,7 @@ def test_multirun_gives_one_parent_and_a_child_per_job(k25):
 
 
 def test_dead_rank_fails_its_job_keeps_samples_and_the_sweep_goes_on(k25):
-    r = k25("-m", "experiment=allreduce_sweep", "debug=quick", "experiment.fault.at_point=2",
+    r = k25("-m", "experiment=allreduce_sweep", "debug=quick", "experiment.fault.at_point=2", "experiment.communicator=torch",
             "experiment.fault.kill_rank=1,null")
     assert r.returncode == 1
     runs = r.runs()
@@ -98,7 +99,8 @@ def test_dead_rank_fails_its_job_keeps_samples_and_the_sweep_goes_on(k25):
 
 
 def test_config_error_in_a_sweep_is_a_failed_child(k25):
-    r = k25("-m", "experiment=all_to_all", "debug=quick", "experiment.ops_per_burst=0,1")
+    r = k25("-m", "experiment=all_to_all", "debug=quick", "experiment.ops_per_burst=0,1",
+            "experiment.communicator=torch")
     assert r.returncode == 1
     runs = r.runs()
     bad = [x for x in runs if x.data.tags.get("error_type") == "ConfigError"]
@@ -108,7 +110,7 @@ def test_config_error_in_a_sweep_is_a_failed_child(k25):
 
 
 def test_tracking_none_writes_no_store(k25):
-    r = k25("experiment=all_to_all", "debug=quick", "tracking=none")
+    r = k25("experiment=all_to_all", "debug=quick", "tracking=none", "experiment.communicator=torch")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (r.outputs / "mlflow.db").exists()
     assert list(r.outputs.glob("runs/*/*/results.csv"))

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 @pytest.mark.parametrize("launcher", ["local_parallel", "local_submitit"])
 def test_parallel_launchers_lose_no_run(k25, launcher):
-    r = k25("-m", f"hydra/launcher={launcher}", "experiment=all_to_all", "debug=quick",
+    r = k25("-m", f"hydra/launcher={launcher}", "experiment=all_to_all", "debug=quick", "experiment.communicator=torch",
             "experiment.ops_per_burst=2,3,4", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = r.runs()

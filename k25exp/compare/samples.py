@@ -9,7 +9,8 @@ they summarise:
 * nccl_burst, allreduce_sweep, all_to_all: `raw/` (the ranks' files, read as the runner reads
   them, each sample the slowest rank's): per burst the queued time (and the bandwidth over
   it), per op the blocking latency, per replay the CUDA-graph time.
-* gemm: none: the runner logs each point's median and p90 only, not per-call times.
+* gemm: `samples.jsonl`: every timed call of each (shape, kernel, M), for `<shape>/<kernel>/latency_us`
+  (runs from before it was kept have none, and say so).
 
 Samples test a figure's location (median / mean). Tail percentiles (p90, p99) are not
 tested: a change of a p99 from a few dozen samples is not something a rank test answers.
@@ -27,7 +28,6 @@ Figure = tuple[str, Optional[int]]  # (metric, step); step None = a run-level fi
 Samples = dict[Figure, list[float]]
 
 NO_SAMPLES = {
-    "gemm": "no samples (gemm keeps median and p90, not per-call times)",
     "profile": "no samples (shares of one capture)",
     "trace_breakdown": "no samples (shares of given traces)",
     "report": "no samples (derived from other runs)",
@@ -106,6 +106,10 @@ def collective_samples(raw: Path, experiment: str) -> Samples:
     return out
 
 
+def gemm_samples(jsonl: Path) -> Samples:
+    return {(r["figure"], r["step"]): r["samples_us"] for r in _records(jsonl)}
+
+
 # experiment -> (artifact paths to fetch, reader of the fetched folder)
 Reader = Callable[[Path], Samples]
 SOURCES: dict[str, tuple[tuple[str, ...], Reader]] = {
@@ -114,6 +118,7 @@ SOURCES: dict[str, tuple[tuple[str, ...], Reader]] = {
                     lambda d: {**serving_samples(d / "spec" / "requests.jsonl"),
                                **(serving_samples(d / "baseline" / "requests.jsonl", "baseline/")
                                   if (d / "baseline" / "requests.jsonl").exists() else {})}),
+    "gemm": (("samples.jsonl",), lambda d: gemm_samples(d / "samples.jsonl")),
     **{e: (("raw",), lambda d, e=e: collective_samples(d / "raw", e))
        for e in ("nccl_burst", "allreduce_sweep", "all_to_all")},
 }

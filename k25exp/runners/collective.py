@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
 from k25exp import tables
+from k25exp.collectives import nccl_log
 from k25exp.collectives.launch import LaunchOutcome, Topology, launch
 from k25exp.collectives.results import RankFiles, read_rank_files
 from k25exp.collectives.spec import CollectiveSpec, Point
@@ -108,6 +110,8 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     topo = Topology(nproc_per_node=hw.nproc_per_node, nnodes=hw.nnodes, node_rank=hw.node_rank,
                     rdzv_endpoint=hw.rdzv_endpoint, env=rank_env(hw))
     replay = _replay.get()
+    if not replay and spec.backend == "nccl":
+        rec.set_tags(nccl_choice_tags(spec, topo, out, cfg.experiment.wall_limit_s))
     outcome = _replayed(out / "raw") if replay else \
         launch(spec, topo, out / "raw", wall_limit_s=cfg.experiment.wall_limit_s)
     files = read_rank_files(out / "raw")
@@ -118,6 +122,36 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
     rec.log_metrics({"points_measured": len(files.points)} if replay else
                     {"torchrun_s": outcome.seconds, "points_measured": len(files.points)})
     return files, outcome
+
+
+NCCL_CHOICE_COLUMNS = [tables.Column("op", width=14), tables.Column("bytes", width=12),
+                       tables.Column("algo", width=16), tables.Column("proto", width=8),
+                       tables.Column("channels", width=10), tables.Column("calls", width=7)]
+
+
+def nccl_choice_tags(spec: CollectiveSpec, topo: Topology, out: Path,
+                     wall_limit_s: Optional[float]) -> dict[str, str]:
+    """What NCCL chose for each point (algorithm, protocol, channels), from its own log in a
+    separate untimed probe job (its per-op logging would slow the timed one). Skipped, saying
+    so, where the user set NCCL_DEBUG themselves; the table goes to nccl_choices.txt."""
+    if "NCCL_DEBUG" in (topo.env or {}):
+        return {"nccl.choice": "not probed (hardware.env sets NCCL_DEBUG: its log is the user's)"}
+    folder = out / "nccl_probe"
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**(topo.env or {}), **nccl_log.probe_env(folder.resolve())}
+    probe = launch(nccl_log.probe_spec(spec), replace(topo, env=env), folder, wall_limit_s=wall_limit_s)
+    choices, channels, n_logs = nccl_log.read_logs(folder)
+    choices = nccl_log.only_measured(choices, spec)
+    if not choices:
+        why = f"torchrun exited {probe.returncode}" if not probe.ok else \
+            f"no TUNING lines in {n_logs} rank log(s) (a 1-rank communicator makes no choice)"
+        return {"nccl.choice": f"unknown: {why}"}
+    rows = nccl_log.table(choices)
+    print(tables.write(out / "nccl_choices", NCCL_CHOICE_COLUMNS, rows, "What NCCL chose (its TUNING log, untimed probe job)"), flush=True)
+    return {"nccl.choice": nccl_log.summary(choices)[:5000],
+            "nccl.coll_channels": str(channels) if channels is not None else "unknown",
+            "nccl.choice_source": "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING, separate probe job "
+                                  "(one burst per point, not timed)"}
 
 
 def finish(out: Path, columns, rows, title: str, spec: CollectiveSpec, files: RankFiles,

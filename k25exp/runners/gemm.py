@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import orjson
 
 import torch
 
@@ -98,6 +100,12 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     failures: list[str] = []
     method_logged = False
     gen = torch.Generator().manual_seed(exp.seed)
+    # every call's time, per figure: what `k25exp compare` tests two runs' medians with
+    samples = open(out / "samples.jsonl", "ab")
+
+    def keep(prefix: str, step: int, t) -> None:
+        samples.write(orjson.dumps({"figure": f"{prefix}/latency_us", "step": step,
+                                    "samples_us": t.samples_us}) + b"\n")
     try:
         for si, (label, shape) in enumerate(shapes_to_run(cfg)):
             w = random_weight(shape.n, shape.k, seed=exp.seed + si, device=device)
@@ -133,6 +141,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     if not method_logged:
                         rec.set_tags({f"timing.{k}": str(v) for k, v in t.method.items() if k != "device"})
                         method_logged = True
+                    keep(f"{label}/{name}", m, t)
                     lat = t.median_us
                     nbytes = kernel.weight_bytes(shape.n, shape.k) + 2 * m * (shape.k + shape.n)
                     flops = 2 * m * shape.n * shape.k
@@ -144,8 +153,9 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     rows.append(r)
                     rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
             _plot(out, label, shape, rows)
-        rows += _moe_layer(cfg, device, rec, failures)
+        rows += _moe_layer(cfg, device, rec, failures, keep)
     finally:
+        samples.close()
         torch.set_num_threads(threads_before)
         _write_tables(out, rows, cfg)
     summary = {"kernels_failed": float(len({f.split(' ')[0] for f in failures}))}
@@ -156,7 +166,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     return summary
 
 
-def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: list[str]) -> list[Row]:
+def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: list[str],
+               keep: Callable) -> list[Row]:
     """One MoE layer's routed experts at c tokens, as one call per candidate (Row.m = c
     tokens, N/K = the layer's 2I × H); metrics `moe.tp<N>/<candidate>/<figure>`, step = c.
     `gbps` counts the weights of the distinct experts the routing touches + activations."""
@@ -201,6 +212,7 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
                 continue
             t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls, flush_l2=exp.flush_l2,
                         graph=exp.graph and name != "reference_grouped_moe")  # data-dependent loop
+            keep(f"{label}/{name}", c, t)
             lat = t.median_us
             flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
             r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, _p90(t), flops / lat / 1e6,

@@ -9,6 +9,7 @@ from pathlib import Path
 from k25exp.config.schema import K25Config
 from k25exp.redact import scrub
 from k25exp.serving.endpoint import Connection
+from k25exp.serving.log_facts import log_facts
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,9 @@ def record_server(cfg: K25Config, conn: Connection, rec: Recorder) -> None:
                      "server.pid": str(conn.managed.pid), "server.launch_key": conn.managed.key,
                      "server.model_path": conn.info.get("model_path", ""),
                      "server.log": str(conn.managed.log_path)})
+        tags.update(log_facts(conn.managed.log_path))
+    else:  # an endpoint: its log is not ours to read
+        tags["vllm.attention_backend"] = "unknown (server=endpoint: no server log here)"
     if conn.info.get("version"):
         tags["server.version"] = conn.info["version"]
     rec.set_tags(tags)

@@ -31,7 +31,10 @@ MACRO = ["experiment=macro", FAKE_ENTRYPOINT, "server.port=0", "server.ready_tim
          "experiment.concurrency=[2]", "experiment.single_stream_requests=12",
          "experiment.warmup=1", "experiment.min_requests=12", "experiment.progress=false",
          "experiment.reset_prefix_cache=false",
-         "server.tp=1"]  # the fake server has no ranks; one core is enough (the pinned run)
+         "server.tp=1",  # the fake server has no ranks; one core is enough (the pinned run)
+         # a 60 ms "prefill": without one, TTFT is ~2 ms of HTTP overhead that a loaded 2-core
+         # machine moves by 30 % from run to run (a real, significant, but meaningless change)
+         "+server.env.FAKE_VLLM_TTFT_MS=60"]
 GAP = "server.env.FAKE_VLLM_GAP_MS"
 # Long enough that the scheduling delay of a loaded 2-core machine (a few ms per sleep) is a
 # small part of each gap; LONG_GAP is 20 % longer.

@@ -47,7 +47,7 @@ def test_serving_samples_per_phase_and_level(tmp_path):
 
 
 def test_figures_without_samples_say_why():
-    assert why_no_samples("gemm", "gate_up.tp2/marlin/latency_us", False).startswith(
-        "no samples (gemm keeps median and p90")
+    assert why_no_samples("profile", "comm_share", False).startswith(
+        "no samples (shares of one capture)")
     assert why_no_samples("macro", "tpot_ms_p99", True).startswith("not tested (tail percentile")
     assert "kept no" in why_no_samples("macro", "tpot_ms_p50", False, "run abc kept no `requests.jsonl`")

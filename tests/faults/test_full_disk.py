@@ -37,7 +37,7 @@ def test_full_disk_store_gives_a_clear_error_and_keeps_the_folder(tmp_path):
     limit = db.stat().st_size + GROWTH
     assert limit > 512 * 1024  # far above any file of the run folder
     job = start_job(outputs, run_dir, "experiment=all_to_all", "debug=quick",
-                    "experiment.tokens_per_gpu=[1]", preexec_fn=_limit_file_size(limit))
+                    "experiment.tokens_per_gpu=[1]", "experiment.communicator=torch", preexec_fn=_limit_file_size(limit))
     log = job.communicate(timeout=180)[0]
     assert job.returncode != 0, log[-3000:]
     assert "could not be written" in log and "disk is full" in log, log[-3000:]

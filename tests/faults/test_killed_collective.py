@@ -38,7 +38,8 @@ def test_sigkill_mid_sweep_then_recover(tmp_path):
     uri = f"sqlite:///{outputs}/mlflow.db"
     job = start_job(outputs, run_dir, "experiment=allreduce_sweep", "debug=quick",
                     "experiment.limit_points=null", "experiment.min_bytes=1024",
-                    "experiment.max_bytes=16777216", "experiment.bursts=20")
+                    "experiment.max_bytes=16777216", "experiment.bursts=20",
+                    "experiment.communicator=torch")
     kill_job_when(job, lambda: _has_point(run_dir / "raw" / "rank0.jsonl"), 120,
                   "rank 0 wrote its first point")
     t_kill = time.time()

@@ -6,6 +6,7 @@ import csv
 
 import pytest
 
+from k25exp.compare.samples import gemm_samples
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.runners.gemm import GemmFailed, m_sweep, run
 from k25exp.tracking import MemoryRecorder
@@ -43,6 +44,12 @@ def test_figures_follow_from_latency_and_shape(tmp_path):
         ("torch_bf16", "ok"), ("torch_int4", "ok"), ("marlin", "skipped")}
     assert rec.tags["timing.timer"] == "perf_counter_ns" and rec.tags["timing.threads"]
     assert (tmp_path / "plots" / "latency_small.png").exists()
+    # every timed call is kept for `k25exp compare`, and the logged median is theirs
+    kept = gemm_samples(tmp_path / "samples.jsonl")
+    assert set(kept) == {(f"small/{k}/latency_us", m) for k in ("torch_bf16", "torch_int4") for m in (1, 8)}
+    for (fig, m), xs in kept.items():
+        assert len(xs) == 3  # experiment.calls
+        assert rec.latest(fig)[m] == pytest.approx(sorted(xs)[1])  # the median of 3, by hand
 
 
 def test_wrong_kernel_is_caught_and_not_timed(tmp_path):

@@ -16,6 +16,7 @@ Behaviour on request, by environment (server.env):
                                forever)
   FAKE_VLLM_WORKERS=<n>        start n worker processes first (vLLM's engine core, TP workers)
   FAKE_VLLM_GAP_MS=<ms>        pause between streamed tokens (default 2)
+  FAKE_VLLM_TTFT_MS=<ms>       pause before the first token, a "prefill" (default 0)
   FAKE_VLLM_METRICS=html       answer /metrics with an HTML page (a proxy's login form)
   FAKE_VLLM_STAGGER=1          every other completion at half speed (concurrent ones end apart)
 """
@@ -62,6 +63,7 @@ def main() -> None:
             time.sleep(3600)
     time.sleep(float(env("FAKE_VLLM_START_DELAY_S", "0")))
     stub = StubServer(a.host, a.port, gap_s=float(env("FAKE_VLLM_GAP_MS", "2")) / 1e3,
+                      ttft_s=float(env("FAKE_VLLM_TTFT_MS", "0")) / 1e3,
                       model=a.served_model_name, api_key=a.api_key,
                       dev_mode=env("VLLM_SERVER_DEV_MODE") == "1", misbehave=False,
                       metrics_html=env("FAKE_VLLM_METRICS") == "html",

@@ -61,7 +61,7 @@ def test_unreachable_server_falls_back_to_offline(k25, tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = k25("experiment=nccl_burst", "debug=quick", f"tracking.uri=http://127.0.0.1:{port}",
+    r = k25("experiment=nccl_burst", "debug=quick", f"tracking.uri=http://127.0.0.1:{port}", "experiment.communicator=torch",
             "tracking.connect_timeout_s=2")
     assert r.returncode == 0, r.stderr[-3000:]
     (folder,) = [p.parent for p in r.outputs.glob("runs/*/*/offline_run.json")]
@@ -80,7 +80,7 @@ def test_sync_refuses_a_missing_folder(tmp_path):
 def test_offline_job_runs_where_mlflow_is_not_installed(tmp_path):
     # GPU nodes run k25exp without MLflow: blocking its import must not break an offline job
     code = ("import sys, runpy; sys.modules['mlflow'] = None; "
-            f"sys.argv = ['k25exp', 'experiment=nccl_burst', 'debug=quick', 'tracking=offline', "
+            f"sys.argv = ['k25exp', 'experiment=nccl_burst', 'debug=quick', 'tracking=offline', 'experiment.communicator=torch', "
             f"'paths.outputs={tmp_path}']; runpy.run_module('k25exp', run_name='__main__')")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
