@@ -75,11 +75,18 @@ def k25(tmp_path):
     return make_k25(tmp_path)
 
 
+def job_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child k25exp process: without the store and campaign
+    a developer's shell may set (a test says where its runs go), plus `extra`."""
+    env = job_env()
+    return {**env, **extra}
+
+
 def make_k25(tmp_path: Path):
     """k25's runner for any folder (module-scoped fixtures use it with their own folder)."""
     outputs = tmp_path / "outputs"
     uri = f"sqlite:///{outputs}/mlflow.db"
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")}
+    env = job_env()
 
     def run(*args: str, timeout: float = 300) -> CliResult:
         p = subprocess.run([sys.executable, "-m", "k25exp", *args, f"paths.outputs={outputs}"],
@@ -138,7 +145,7 @@ class Campaign:
 def run_campaign(tmp: Path, name: str, *args: str, phases: str | None = None,
                  timeout: float = 1800) -> Campaign:
     uri = f"sqlite:///{tmp}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": name, "PYTHON": sys.executable}
+    env = job_env(MLFLOW_TRACKING_URI=uri, K25EXP_CAMPAIGN=name, PYTHON=sys.executable)
     env.pop("PHASES", None)
     if phases:
         env["PHASES"] = phases

@@ -58,6 +58,8 @@ def main(args: list[str]) -> int:
                         "significant (default 5: run-to-run drift of a shared machine)")
     p.add_argument("--out", type=Path, help="output folder (default outputs/compare/<A>_vs_<B>)")
     p.add_argument("--name", help="folder and run name (default <A>_vs_<B>)")
+    p.add_argument("--ui-url", default="http://127.0.0.1:5000",
+                   help="where `k25exp ui` serves the store; the pages link each run there")
     p.add_argument("--no-track", action="store_true", help="do not log the compare as an MLflow run")
     a = p.parse_args(args)
     if a.fail_on is not None and a.fail_on < 0:
@@ -84,6 +86,7 @@ def main(args: list[str]) -> int:
     except CompareError as e:
         print(f"k25exp compare: {e}", file=sys.stderr)
         return 2
+    c.ui_url = a.ui_url
     name = a.name or folder_name(a.a, a.b)
     folder = a.out or project_root() / "outputs" / "compare" / name
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

@@ -59,6 +59,14 @@ def by_pair(c: Comparison) -> dict[str, list[Row]]:
     return out
 
 
+def pair_links(c: Comparison, label: str) -> list[tuple[str, str, str]]:
+    """(side, short id, MLflow UI link) of a pair's two runs."""
+    from k25exp.report.render import run_url
+
+    p = next(p for p in c.pairs if p.label == label)
+    return [(side, r.short, run_url(c.ui_url, r)) for side, r in (("A", p.a), ("B", p.b))]
+
+
 def pair_title(c: Comparison, label: str) -> str:
     p = next(p for p in c.pairs if p.label == label)
     return f"{label}: A {p.a.short} vs B {p.b.short}"
@@ -123,7 +131,9 @@ def markdown(c: Comparison, generated: str, plot_file: Optional[str] = None) -> 
     if plot_file:
         lines += [f"![median change per tested figure]({plot_file})", ""]
     for label, rows in by_pair(c).items():
-        lines += [f"## {_md(pair_title(c, label))}", "", "| " + " | ".join(COLUMNS) + " |",
+        lines += [f"## {_md(pair_title(c, label))}", "",
+                  " · ".join(f"{side}: [{short}]({url})" for side, short, url in pair_links(c, label)),
+                  "", "| " + " | ".join(COLUMNS) + " |",
                   "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(_md(x) for x in cells(r)) + " |" for r in rows]
         lines.append("")
@@ -192,7 +202,9 @@ def html_page(c: Comparison, generated: str, plot: Optional[bytes]) -> str:
         out.append('<img alt="median change per tested figure" src="data:image/png;base64,'
                    f'{base64.b64encode(plot).decode()}">')
     for label, rows in by_pair(c).items():
-        out.append(f"<h2>{e(pair_title(c, label))}</h2><table><tr>"
+        out.append(f"<h2>{e(pair_title(c, label))}</h2><p>" + " · ".join(
+            f'{side}: <a href="{e(url)}">{e(short)}</a>' for side, short, url in pair_links(c, label))
+            + "</p><table><tr>"
                    + "".join(f"<th>{e(x)}</th>" for x in COLUMNS) + "</tr>")
         for r in rows:
             cls = ' class="fail"' if r.worse_beyond else ' class="sig"' if r.significant else ""

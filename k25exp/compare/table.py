@@ -63,6 +63,7 @@ class Comparison:
     fail_on: Optional[float]
     noise: float = DEFAULT_NOISE_PCT
     notes: list[str] = field(default_factory=list)
+    ui_url: str = "http://127.0.0.1:5000"  # where `k25exp ui` serves the store: the pages link runs there
 
     @property
     def failing(self) -> list[Row]:

@@ -174,6 +174,10 @@ class Registered:
     campaign_sweep: ClassVar[str] = ""
     # False for jobs that read other runs (report) rather than measure a phase.
     measures: ClassVar[bool] = True
+    # The figures and params a user looks at first: the first columns of the MLflow runs
+    # view `k25exp ui` links to (k25exp.tracking.ui_view), in this order.
+    headline: ClassVar[tuple[str, ...]] = ()
+    headline_params: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def all_checks(cls) -> list[str]:
@@ -236,6 +240,8 @@ class NcclBurstConfig(CollectiveExperiment):
     checks: ClassVar[tuple[str, ...]] = (_V + "check_nccl_burst",)
     campaign_order: ClassVar[Optional[int]] = 1
     campaign_sweep: ClassVar[str] = "experiment.tokens=1,8,64"  # batches the report interpolates
+    headline: ClassVar[tuple[str, ...]] = ("burst_ms", "ops_per_step", "busbw_gbps", "decode_share")
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.tokens", "experiment.communicator")
 
     name: str = "nccl_burst"
     _target_: str = "k25exp.runners.nccl_burst.run"
@@ -259,6 +265,8 @@ class AllReduceSweepConfig(CollectiveExperiment):
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_allreduce_sweep",)
     campaign_order: ClassVar[Optional[int]] = 2
+    headline: ClassVar[tuple[str, ...]] = ("peak_busbw_gbps", "time_us", "busbw_gbps")
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.communicator",)
 
     name: str = "allreduce_sweep"
     _target_: str = "k25exp.runners.allreduce_sweep.run"
@@ -275,6 +283,7 @@ class AllToAllConfig(CollectiveExperiment):
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_all_to_all",)
     campaign_order: ClassVar[Optional[int]] = 3
+    headline: ClassVar[tuple[str, ...]] = ("knee_tokens_per_gpu", "a2a_us", "a2a_us_per_token", "busbw_gbps")
 
     name: str = "all_to_all"
     _target_: str = "k25exp.runners.all_to_all.run"
@@ -302,6 +311,8 @@ class GemmConfig(ExperimentBase):
     checks: ClassVar[tuple[str, ...]] = (_V + "check_gemm",)
     campaign_order: ClassVar[Optional[int]] = 4
     campaign_sweep: ClassVar[str] = "experiment.shapes=[all]"  # the report sums every GEMM of a step
+    headline: ClassVar[tuple[str, ...]] = ("kernels_failed",)
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.shapes", "experiment.kernels")
 
     name: str = "gemm"
     _target_: str = "k25exp.runners.gemm.run"
@@ -423,6 +434,10 @@ class MacroConfig(Registered):
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_macro", _V + "check_dev_endpoints")
     campaign_order: ClassVar[Optional[int]] = 5
+    headline: ClassVar[tuple[str, ...]] = (
+        "single_stream_tpot_ms", "peak_output_tok_s", "saturation_concurrency", "tpot_ms_p50",
+        "ttft_ms_p50", "output_tok_s", "goodput_req_s", "valid")
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.load", "server.tp", "experiment.output_tokens")
 
     name: str = "macro"
     _target_: str = "k25exp.runners.macro.run"
@@ -460,6 +475,12 @@ class MacroConfig(Registered):
     rounds: int = 4
     min_requests: int = 8
     duration_s: Optional[float] = None
+    # Each sweep level run this many times back to back (fresh prompts, the prefix cache reset
+    # before each when reset_prefix_cache; open loop: the same drawn arrival schedule each
+    # time, so the spread is the server's and the client's, not the schedule's): the level's
+    # figures pool all repeats' requests;
+    # <figure>_rep_min/_rep_max/_rep_spread_pct say how far the repeats' own figures differ.
+    repeats: int = 1
     # Measure only the first N concurrency levels (debug=quick); null = all.
     limit_points: Optional[int] = None
     request_timeout_s: float = 300.0
@@ -496,6 +517,7 @@ class SpecDecodeConfig(MacroConfig):
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_spec_decode",)
     campaign_order: ClassVar[Optional[int]] = 7
+    headline: ClassVar[tuple[str, ...]] = ("spec_speedup", "level_spec_speedup", "acceptance_rate")
     # n-gram lookup and the model as its own draft (the upper bound) in one process, so both
     # measure against one baseline server
     campaign_sweep: ClassVar[str] = "spec=ngram,self_draft"
@@ -531,6 +553,7 @@ class SloSearchConfig(MacroConfig):
     """
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_slo_search",)
+    headline: ClassVar[tuple[str, ...]] = ("max_rate_meeting_slo", "max_concurrency_meeting_slo")
     campaign_order: ClassVar[Optional[int]] = None  # not a campaign phase (macro's is inherited)
 
     name: str = "slo_search"
@@ -561,6 +584,9 @@ class ProfileConfig(ExperimentBase):
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_profile", _V + "check_dev_endpoints")
     campaign_order: ClassVar[Optional[int]] = 6
+    headline: ClassVar[tuple[str, ...]] = ("decode_step_ms", "share_communication", "share_gemm", "share_moe",
+                                           "share_attention")
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.concurrency",)
     # spans the macro sweep; one server start (reused across the levels)
     campaign_sweep: ClassVar[str] = "experiment.concurrency=1,8,32"
 
@@ -589,6 +615,8 @@ class TraceBreakdownConfig(ExperimentBase):
     """Breakdown of traces someone already has (one file per rank), logged as a run."""
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_trace_breakdown",)
+    headline: ClassVar[tuple[str, ...]] = ("decode_step_ms", "share_communication", "share_gemm", "share_moe",
+                                           "share_attention")
 
     name: str = "trace_breakdown"
     _target_: str = "k25exp.runners.trace_breakdown.run"
@@ -605,6 +633,8 @@ class ReportConfig(ExperimentBase):
 
     checks: ClassVar[tuple[str, ...]] = (_V + "check_report",)
     campaign_order: ClassVar[Optional[int]] = 8
+    headline: ClassVar[tuple[str, ...]] = ("tpot_ms", "comm_share_burst", "comm_share_profile_transport",
+                                           "comm_share_diff_pp", "tpot_pred_err_pct_max")
     measures: ClassVar[bool] = False
 
     name: str = "report"

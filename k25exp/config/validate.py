@@ -230,7 +230,7 @@ def check_macro(c: K25Config, p: list[str]) -> None:
     exp: MacroConfig = c.experiment
     srv = c.server
     _positive(exp, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
-                                  "request_timeout_s", "max_client_lag_ms"], p)
+                                  "request_timeout_s", "max_client_lag_ms", "repeats"], p)
     _non_negative(exp, "experiment", ["warmup", "single_stream_requests",
                                       "saturation_gain", "temperature"], p)
     _non_negative(exp, "experiment", ["stall_min_gap_ms"], p)

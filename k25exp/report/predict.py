@@ -20,12 +20,14 @@ from k25exp.report.reconcile import UNCOVERED, Micro, engine_tpot
 from k25exp.report.sources import Campaign
 
 
-def predict(c: Campaign, per_c: dict[int, dict[str, float]]
+def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Micro] = None,
+            tpot: Optional[tuple[dict[int, float], str]] = None
             ) -> tuple[Section, dict[int, dict[str, float]]]:
-    """TPOT predicted at every macro level; metrics per level (step = concurrency)."""
+    """TPOT predicted at every macro level; metrics per level (step = concurrency). `micro`
+    and `tpot` as reconcile takes them (the report shares one of each)."""
     sec = Section("TPOT predicted at every concurrency from the parts")
     macro = c.latest("macro")
-    micro = Micro(c)
+    micro = micro or Micro(c)
     out: dict[int, dict[str, float]] = {}
     if not macro or not per_c:
         sec.figures.append(missing(M.TPOT_PRED_WORST, "needs a macro run and a profile" if macro
@@ -37,7 +39,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]]
     uncovered["between_steps"] = {k: m["between_steps_ms"] for k, m in per_c.items()
                                   if "between_steps_ms" in m}
     rows = []
-    tpots, tpot_src = engine_tpot(macro)
+    tpots, tpot_src = tpot or engine_tpot(macro)
     client = macro.history("tpot_ms_p50")
     for level, tpot in sorted(tpots.items()):
         parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),

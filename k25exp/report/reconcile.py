@@ -125,17 +125,20 @@ def engine_tpot(macro: Optional[RunView]) -> tuple[dict[int, float], str]:
     return dict(macro.history("tpot_ms_p50")), "client p50"
 
 
-def reconcile(c: Campaign) -> tuple[Section, dict[int, dict[str, float]]]:
-    """The reconciliation section and, per profiled concurrency, its metrics."""
+def reconcile(c: Campaign, micro: Optional[Micro] = None,
+              tpot: Optional[tuple[dict[int, float], str]] = None
+              ) -> tuple[Section, dict[int, dict[str, float]]]:
+    """The reconciliation section and, per profiled concurrency, its metrics. `micro` and
+    `tpot` (engine_tpot of the macro run) are built here unless the caller shares its own."""
     sec = Section("The decode step in milliseconds: micro-benchmarks vs the profile")
     profiles = profile_runs(c)
     macro = c.latest("macro")
-    micro = Micro(c)
+    micro = micro or Micro(c)
     per_c: dict[int, dict[str, float]] = {}
     if not profiles:
         sec.figures.append(missing(M.RECONCILED, c.why_missing("profile")))
         return sec, per_c
-    tpots, tpot_src = engine_tpot(macro)
+    tpots, tpot_src = tpot or engine_tpot(macro)
     for k in sorted(profiles):
         p = profiles[k]
         rows, m = [], {}

@@ -32,7 +32,7 @@ import httpx
 import orjson
 
 from k25exp.config.schema import K25Config, MacroConfig
-from k25exp.serving import admin
+from k25exp.serving import admin, repeats
 from k25exp.serving.arrivals import schedule
 from k25exp.serving.client import CompletionClient, run_level, run_open_level
 from k25exp.serving.figures import (describe_invalid, goodput, invalid_reason, level_figures,
@@ -73,11 +73,12 @@ LEVEL_METRICS |= {  # open loop, goodput, the user's view from the scheduled sen
     "target_rate_req_s", "scheduled_rate_req_s", "achieved_rate_req_s", "rate_error_pct",
     "rate_missed", "goodput_req_s", "goodput_tok_s", "good_fraction", "client_lag_n",
     "output_tok_s_ci_lo", "output_tok_s_ci_hi", "prefix_cache_queries", "prefix_cache_hits",
-    "prefix_cache_hit_rate"}
+    "prefix_cache_hit_rate", "repeats"}
 
 
 def _level_metric(key: str) -> bool:
-    return (key in LEVEL_METRICS or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms"))
+    return (key in LEVEL_METRICS or "_rep_" in key
+            or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms"))
             or (key.endswith(("_n", "_p50_ci_lo", "_p50_ci_hi")) and key.startswith(
                 ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))))
 
@@ -139,7 +140,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     # Every prompt built before anything is timed: tokenizing between requests is client lag.
     if exp.duration_s is None:
         prompt.many(range(max([exp.single_stream_requests] +
-                              [requests_for(exp, c) for c in sweep_levels(exp)])))
+                              [requests_for(exp, c) * exp.repeats for c in sweep_levels(exp)])))
         prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
@@ -230,8 +231,10 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                      rule, step_ref_s=step / 1e3 if step else None)
                 _merge_server(figs, srv)
                 if res.get("rate") is not None:
-                    figs.update(rate_figures(res["records"], res["due_s"], res["rate"],
-                                             exp.max_rate_error))
+                    # each repeat against its own schedule; the level keeps the worst one's
+                    rf = [rate_figures(x["records"], x["due_s"], x["rate"], exp.max_rate_error)
+                          for x in res.get("repeats", [res])]
+                    figs.update(max(rf, key=lambda f: (f["rate_missed"], abs(f.get("rate_error_pct") or 0))))
                     figs["valid"] = float(figs["valid"] and not figs["rate_missed"])
                 figs.update(goodput(res["records"], res["wall_s"], exp.slo.bounds()))
                 write(res)
@@ -293,8 +296,18 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     before = await admin.scrape(http, conn.model)
                     n = None if exp.duration_s else requests_for(exp, c)
                     rate = c if exp.load == "open" else None
-                    res = await phase("sweep", c, 0 if rate else c, n, exp.duration_s, 0, progress,
-                                      rate=rate)
+                    reps = []
+                    for r in range(exp.repeats):
+                        if r and exp.reset_prefix_cache:
+                            await admin.reset_prefix_cache(http, cache)
+                        rep = await phase("sweep", c, 0 if rate else c, n, exp.duration_s,
+                                          r * (n or 0), progress, rate=rate)
+                        for x in rep["records"]:
+                            x["repeat"], x["prompt_index"] = r, r * (n or 0) + x["i"]
+                        reps.append(rep)
+                        if not conn.alive():
+                            break
+                    res = repeats.pool(reps)
                     lvl = f"rate {c:g}/s" if rate else f"concurrency={c}"
                     if completed(res) < len(res["records"]) and conn.managed is not None:
                         await admin.settle(http, conn)  # a dying server closes sockets before it exits
@@ -317,6 +330,11 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                               f"level {lvl}: {type(e).__name__}: {e}") from None
                     srv, _ = await admin.server_view(http, conn.model, before, completed(res))
                     figs = figures(res, srv)
+                    if len(reps) > 1:
+                        figs.update(repeats.spread([level_figures(
+                            x["records"], x["wall_s"], x["cpu_s"], x["loop_lag_ms"],
+                            exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens, rule)
+                            for x in reps]))
                     if not figs["valid"]:
                         log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level c={c}",
                                                      figs, exp.max_client_lag_ms))

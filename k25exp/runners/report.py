@@ -50,8 +50,9 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ReportConfig = cfg.experiment
     campaign = exp.campaign or latest_campaign(exp.tracking_uri)
     c, refused = provenance.check(load_campaign(exp.tracking_uri, campaign))
-    recon, per_c = reconcile.reconcile(c)
-    pred, per_level = predict.predict(c, per_c)
+    micro, tpot = reconcile.Micro(c), reconcile.engine_tpot(c.latest("macro"))  # both sections' inputs
+    recon, per_c = reconcile.reconcile(c, micro, tpot)
+    pred, per_level = predict.predict(c, per_c, micro, tpot)
     sections: list[Section] = [
         budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
         expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths)]

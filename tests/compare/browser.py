@@ -62,7 +62,8 @@ class Chromium:
 
 
 def load(page: Path, timeout_s: float = 30.0) -> dict:
-    """{"title", "images": [[complete, naturalWidth, alt]], "errors": [..], "text": body text}"""
+    """{"title", "images": [[complete, naturalWidth, alt]], "links": [href], "errors": [..],
+    "text": body text}"""
     with Chromium(timeout_s) as b:
         return b.load(page)
 
@@ -110,7 +111,8 @@ def _drive(ws, url: str, timeout_s: float) -> dict:
             raise TimeoutError(f"{url} did not finish loading in {timeout_s:g} s")
         events.append(json.loads(ws.recv(timeout=timeout_s)))
     js = ("JSON.stringify({title: document.title, text: document.body.innerText,"
-          " images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt])})")
+          " images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt]),"
+          " links: Array.from(document.links).map(a => a.href)})")
     res = call("Runtime.evaluate", {"expression": js, "returnByValue": True}, session=session)
     out = json.loads(res["result"]["value"])
     errors = []

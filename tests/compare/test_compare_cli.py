@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import ROOT, make_k25
+from tests.conftest import ROOT, job_env, make_k25
 from tests.serving.helpers import FAKE_ENTRYPOINT, FAKE_MARKS, fake_model, orphans
 
 # Its fake servers serve this module's own model folder and its orphan check looks only at
@@ -55,8 +55,7 @@ def store(tmp_path_factory):
                              "experiment.single_stream_requests=3", "experiment.concurrency=[1]",
                              "experiment.min_requests=3"], cwd=ROOT,
                             capture_output=True, text=True, timeout=200,
-                            env={k: v for k, v in os.environ.items()
-                                 if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")})
+                            env=job_env())
     assert pinned.returncode == 0, pinned.stderr[-3000:]
     # fake servers of this module's runs only (other test sessions may share the machine)
     assert not [o for o in orphans(marks=FAKE_MARKS) if str(model) in o[1]]

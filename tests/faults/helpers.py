@@ -12,11 +12,10 @@ from typing import Callable
 from mlflow.tracking import MlflowClient
 
 from k25exp.poll import wait_until
-from tests.conftest import ROOT
+from tests.conftest import ROOT, job_env
 
 
-def env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")}
+env = job_env
 
 
 def start_job(outputs: Path, run_dir: Path, *args: str, preexec_fn=None) -> subprocess.Popen:

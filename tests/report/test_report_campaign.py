@@ -39,6 +39,14 @@ def test_every_phase_runs_and_the_script_says_where_the_report_is(full):
     # the headline table is printed
     assert "TPOT at batch 1 (macro)" in p.stdout and "communication share (profile transport" in p.stdout
     assert "NOTE: the served checkpoint has random weights" in p.stdout
+    # what the served runs say the server ran: the campaign's eager CPU server on an MLA model
+    served = [r for r in runs if r.data.tags.get("k25exp.experiment") in ("macro", "profile", "spec_decode")]
+    assert served and all(r.data.tags.get("vllm.attention_backend") == "CPU_MLA"
+                          and r.data.tags.get("vllm.enforce_eager") == "true"
+                          and r.data.tags.get("vllm.cudagraph_mode") == "NONE" for r in served)
+    # the GEMM run kept every timed call, which compare tests medians with
+    gemm = latest(runs, "gemm")
+    assert "samples.jsonl" in {a.path for a in full[1].list_artifacts(gemm.info.run_id)}
 
 
 def test_report_figures_match_the_runs_they_name(full):

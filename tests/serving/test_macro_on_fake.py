@@ -77,3 +77,27 @@ def test_a_healthy_run_is_flagged_valid_with_tpot_equal_to_the_servers_pace(mode
     assert rec.latest("delivery_stalls") == {1: 0.0, 2: 0.0}
     for c, tpot in rec.latest("tpot_ms_p50").items():
         assert tpot == pytest.approx(25.0, abs=5.0), c  # the fake's gap, not the client's
+
+
+def test_repeats_pool_every_request_and_log_the_spread(model, tmp_path):
+    """experiment.repeats=3 at c=2, 2 requests a repeat: 6 requests behind each level's
+    figures, each repeat's own prompts, and the spread of the repeats' medians."""
+    out = tmp_path / "out"
+    _, rec, _ = run_macro(out, *fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=10"),
+                          "experiment.concurrency=[2]", "experiment.repeats=3")
+    import orjson
+
+    recs = [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
+    sweep = [r for r in recs if r["phase"] == "sweep"]
+    assert sorted(r["repeat"] for r in sweep) == [0, 0, 1, 1, 2, 2]
+    assert len({r["prompt_index"] for r in sweep}) == 6  # fresh prompts for every repeat
+    assert rec.latest("repeats") == {2: 3.0} and rec.latest("completed") == {2: 6}
+    assert rec.latest("tpot_ms_n") == {2: 6}  # pooled: every request of every repeat
+    assert rec.latest("server_requests") == {2: 6}  # one scrape before, one after all three
+    # each repeat's median TPOT by hand (2 requests: the mean of the two), then their spread
+    per_rep = sorted(sum(r["tpot_s"] for r in sweep if r["repeat"] == k) / 2 * 1e3 for k in range(3))
+    assert rec.latest("tpot_ms_p50_rep_min")[2] == pytest.approx(per_rep[0])
+    assert rec.latest("tpot_ms_p50_rep_max")[2] == pytest.approx(per_rep[2])
+    assert rec.latest("tpot_ms_p50_rep_spread_pct")[2] == pytest.approx(
+        (per_rep[2] - per_rep[0]) / per_rep[1] * 100)
+    assert 5 < per_rep[0] and per_rep[2] < 20  # the fake's 10 ms gap
