@@ -78,7 +78,7 @@ def k25(tmp_path):
 def job_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child k25exp process: without the store and campaign
     a developer's shell may set (a test says where its runs go), plus `extra`."""
-    env = job_env()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "K25EXP_CAMPAIGN")}
     return {**env, **extra}
 
 

@@ -11,6 +11,7 @@ import sys
 import httpx
 
 from k25exp.poll import wait_until
+from tests.compare.browser import Chromium, chromium_path
 from tests.conftest import ROOT
 
 
@@ -20,9 +21,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ui_serves_the_store(tmp_path):
-    port = _free_port()
+def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path):
+    """`k25exp ui` on a store with a macro run: the link it prints opens MLflow's runs table
+    (in Chromium, where installed) with the macro headline figures as its metric columns, in
+    the schema's order, and the run's values under them."""
+    from k25exp.config.schema import MacroConfig
+    from k25exp.tracking.mlflow_store import MlflowStore
+
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = MlflowStore(uri).start_run("k25exp/macro", run_name="macro-demo")
+    run.log_metrics({k: 10.0 + i for i, k in enumerate(MacroConfig.headline)} | {"aaa_not_headline": 1.0})
+    run.end("FINISHED")
+    port = _free_port()
     p = subprocess.Popen([sys.executable, "-m", "k25exp", "ui", "--port", str(port), "--uri", uri],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
@@ -34,6 +44,19 @@ def test_ui_serves_the_store(tmp_path):
         wait_until(up, 90, 0.5, "MLflow UI answering /health", retry_on=(httpx.HTTPError,))
         r = httpx.get(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10", timeout=10)
         assert r.status_code == 200 and "experiments" in r.json()
+        printed = ""
+        while "k25exp/macro" not in printed:
+            printed += p.stdout.readline()
+        link = next(w for w in printed.split() if "viewStateShareKey=k25exp-headline" in w)
+        if chromium_path() is None:
+            return  # the browser half needs Chromium (.ci/run installs it)
+        with Chromium() as b:
+            text = b.text_when(link, "macro-demo")
+        head = [k for k in MacroConfig.headline[:4]]
+        # the metric headers (MLflow truncates long names) in the declared order, non-headline absent
+        at = [text.find(k[:12]) for k in head]
+        assert -1 not in at and at == sorted(at), (at, text[:1500])
+        assert "aaa_not_headline" not in text and "10" in text
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=30)

@@ -37,8 +37,13 @@ def ui_links(uri: str, base: str) -> list[str]:
     exps = c.search_experiments()
     if not exps:
         return [f"no experiments in {uri} yet"]
-    lines = ["experiments (runs table, model-training view):"]
-    lines += [f"  {e.name:<28} {runs_url(base, e.experiment_id)}" for e in exps]
+    from k25exp.tracking import ui_view
+
+    lines = ["experiments (runs table, model-training view; headline figures as the first "
+             "columns where the experiment has a saved k25exp view):"]
+    lines += [f"  {e.name:<28} " + (ui_view.view_url(base, e.experiment_id)
+                                   if ui_view.TAG_PREFIX + ui_view.KEY in e.tags else runs_url(base, e.experiment_id))
+              for e in exps]
     ids = [e.experiment_id for e in exps]
     recent = c.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=500)
     campaign = next((r.data.tags["campaign"] for r in recent if r.data.tags.get("campaign")), None)

@@ -18,6 +18,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from k25exp.tracking import ui_view
 from k25exp.tracking.sqlite_schema import check_store
 
 
@@ -174,17 +175,20 @@ class MlflowStore:
     def experiment_id(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            ui_view.install(self.client, exp.experiment_id, name, exp.tags)  # if it changed
             return exp.experiment_id
         location = f"{Path(self.artifact_root).as_posix()}/{name}" if self.artifact_root else None
         desc = experiment_description(name)  # shown as the experiment's description in the UI
         try:
-            return self.client.create_experiment(name, artifact_location=location,
-                                                 tags={"mlflow.note.content": desc} if desc else None)
+            eid = self.client.create_experiment(name, artifact_location=location,
+                                                tags={"mlflow.note.content": desc} if desc else None)
         except Exception:  # created concurrently by another job
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return exp.experiment_id
+        ui_view.install(self.client, eid, name)  # the runs view `k25exp ui` links to
+        return eid
 
     def start_run(self, experiment_name: str, run_name: Optional[str] = None,
                   tags: Optional[Mapping[str, str]] = None,

@@ -4,7 +4,7 @@ the params it is swept over as the first columns, newest runs first.
 MLflow's UI keeps a shared view as an experiment tag `mlflow.sharedViewState.<key>` holding
 the page state as JSON (its own "Share" button writes the same), and opens it from a runs
 URL with `viewStateShareKey=<key>`. k25exp writes one per experiment, keyed `k25exp-headline`
-(written again, not added, on every new run), and `k25exp ui` links to it. Columns are
+(rewritten in place when the schema's headline changed), and `k25exp ui` links to it. Columns are
 MLflow's column ids: metrics.`name`, params.`name`, attributes.`Run Name`.
 """
 
@@ -27,7 +27,7 @@ def view_state(headline: Sequence[str], params: Sequence[str]) -> dict:
             *(column("params", p) for p in params), column("attributes", "Created"),
             column("attributes", "Duration")]
     return {"selectedColumns": cols, "columnOrder": cols, "runsHiddenMode": "SHOW_ALL",
-            "orderByKey": column("attributes", "start_time"), "orderByAsc": False}
+            "orderByKey": "attributes.start_time", "orderByAsc": False}
 
 
 def state_for(experiment: str) -> Optional[dict]:
@@ -40,12 +40,15 @@ def state_for(experiment: str) -> Optional[dict]:
     return view_state(cls.headline, cls.headline_params)
 
 
-def install(client, experiment_id: str, experiment: str) -> bool:
-    """Write the experiment's view tag (idempotent); False when it has no headline."""
+def install(client, experiment_id: str, experiment: str, tags: Optional[dict] = None) -> bool:
+    """Write the experiment's view tag unless `tags` (the experiment's) already hold this
+    one; False when the experiment has no headline."""
     state = state_for(experiment)
     if state is None:
         return False
-    client.set_experiment_tag(experiment_id, TAG_PREFIX + KEY, json.dumps(state))
+    value = json.dumps(state)
+    if (tags or {}).get(TAG_PREFIX + KEY) != value:
+        client.set_experiment_tag(experiment_id, TAG_PREFIX + KEY, value)
     return True
 
 

@@ -48,6 +48,11 @@ class Chromium:
     def load(self, page: Path) -> dict:
         return _drive(self._ws, page.resolve().as_uri(), self.timeout_s)
 
+    def text_when(self, url: str, needle: str, timeout_s: float = 60.0) -> str:
+        """The page's visible text once it contains `needle` (a single-page app renders after
+        its load event); TimeoutError with what it showed otherwise."""
+        return _poll_text(self._ws, url, needle, timeout_s)
+
     def __exit__(self, *exc) -> None:
         self._conn.__exit__(None, None, None)
         self._stop()
@@ -127,3 +132,36 @@ def _drive(ws, url: str, timeout_s: float) -> dict:
     out["errors"] = errors
     call("Target.closeTarget", {"targetId": target})
     return out
+
+
+def _poll_text(ws, url: str, needle: str, timeout_s: float) -> str:
+    ids = iter(range(10**6, 2 * 10**6))
+
+    def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
+        i = next(ids)
+        msg = {"id": i, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
+        ws.send(json.dumps(msg))
+        while True:
+            m = json.loads(ws.recv(timeout=timeout_s))
+            if m.get("id") == i:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                return m.get("result", {})
+
+    target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    call("Emulation.setDeviceMetricsOverride", {"width": 1600, "height": 900, "deviceScaleFactor": 1,
+                                                "mobile": False}, session=session)
+    call("Page.navigate", {"url": url}, session=session)
+    deadline, text = time.monotonic() + timeout_s, ""
+    try:
+        while time.monotonic() < deadline:
+            res = call("Runtime.evaluate", {"expression": "document.body ? document.body.innerText : ''",
+                                            "returnByValue": True}, session=session)
+            text = res.get("result", {}).get("value") or ""
+            if needle in text:
+                return text
+            time.sleep(0.5)
+        raise TimeoutError(f"{url} never showed {needle!r} in {timeout_s:g} s; it showed:\n{text[-2000:]}")
+    finally:
+        call("Target.closeTarget", {"targetId": target})

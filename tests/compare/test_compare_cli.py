@@ -199,10 +199,17 @@ def test_ui_links_open_the_model_training_view_and_experiments_are_described(sto
     lines = p.stdout.splitlines()
     macro = next(x for x in lines if x.strip().startswith("k25exp/macro "))
     assert "/#/experiments/" in macro and "workflowType=machine_learning" in macro
+    # the saved view it opens: the headline figures first, in the schema's order
+    assert "viewStateShareKey=k25exp-headline" in macro
     sweep = unquote(next(x for x in lines if "compare-runs" in x and "(3 runs)" in x))
     assert all(ids[k] in sweep for k in ("a", "a2", "b")) and ids["pinned"] not in sweep
     exp = MlflowClient(uri).get_experiment_by_name("k25exp/macro")
     assert exp.tags["mlflow.note.content"] == " ".join(MacroConfig.__doc__.split())
+    view = json.loads(exp.tags["mlflow.sharedViewState.k25exp-headline"])
+    assert view["selectedColumns"][:3] == ["attributes.`Run Name`", "metrics.`single_stream_tpot_ms`",
+                                           "metrics.`peak_output_tok_s`"]
+    assert view["columnOrder"] == view["selectedColumns"]
+    assert "params.`server.tp`" in view["selectedColumns"]
 
 
 def test_a_sweep_parent_stands_for_its_children_paired_by_swept_value(store):

@@ -84,16 +84,16 @@ def test_repeats_pool_every_request_and_log_the_spread(model, tmp_path):
     figures, each repeat's own prompts, and the spread of the repeats' medians."""
     out = tmp_path / "out"
     _, rec, _ = run_macro(out, *fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=10"),
-                          "experiment.concurrency=[2]", "experiment.repeats=3")
+                          "experiment.repeats=3")  # levels 1 and 2, 2 requests each (SMALL)
     import orjson
 
     recs = [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
-    sweep = [r for r in recs if r["phase"] == "sweep"]
+    sweep = [r for r in recs if r["phase"] == "sweep" and r["level"] == 2]
     assert sorted(r["repeat"] for r in sweep) == [0, 0, 1, 1, 2, 2]
     assert len({r["prompt_index"] for r in sweep}) == 6  # fresh prompts for every repeat
-    assert rec.latest("repeats") == {2: 3.0} and rec.latest("completed") == {2: 6}
-    assert rec.latest("tpot_ms_n") == {2: 6}  # pooled: every request of every repeat
-    assert rec.latest("server_requests") == {2: 6}  # one scrape before, one after all three
+    assert rec.latest("repeats") == {1: 3.0, 2: 3.0} and rec.latest("completed") == {1: 6, 2: 6}
+    assert rec.latest("tpot_ms_n") == {1: 6, 2: 6}  # pooled: every request of every repeat
+    assert rec.latest("server_requests") == {1: 6, 2: 6}  # one scrape before, one after all three
     # each repeat's median TPOT by hand (2 requests: the mean of the two), then their spread
     per_rep = sorted(sum(r["tpot_s"] for r in sweep if r["repeat"] == k) / 2 * 1e3 for k in range(3))
     assert rec.latest("tpot_ms_p50_rep_min")[2] == pytest.approx(per_rep[0])
