@@ -87,15 +87,15 @@ def _devtools_url(proc: subprocess.Popen, timeout_s: float) -> str:
     raise RuntimeError("chromium did not open its DevTools port: " + "".join(seen)[-2000:])
 
 
-def _drive(ws, url: str, timeout_s: float) -> dict:
-    ids = iter(range(1, 10**6))
-    events: list[dict] = []
+_ids = iter(range(1, 10**9))  # DevTools message ids, unique over the connection
 
+
+def _caller(ws, events: list, timeout_s: float):
+    """call(method, params, session) -> result over the DevTools websocket; other messages
+    that arrive meanwhile (events) are appended to `events`."""
     def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
-        i = next(ids)
-        msg = {"id": i, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
+        i = next(_ids)
+        msg = {"id": i, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
         ws.send(json.dumps(msg))
         while True:
             m = json.loads(ws.recv(timeout=timeout_s))
@@ -104,6 +104,12 @@ def _drive(ws, url: str, timeout_s: float) -> dict:
                     raise RuntimeError(f"{method}: {m['error']}")
                 return m.get("result", {})
             events.append(m)
+    return call
+
+
+def _drive(ws, url: str, timeout_s: float) -> dict:
+    events: list[dict] = []
+    call = _caller(ws, events, timeout_s)
 
     target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
     session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
@@ -135,18 +141,7 @@ def _drive(ws, url: str, timeout_s: float) -> dict:
 
 
 def _poll_text(ws, url: str, needle: str, timeout_s: float) -> str:
-    ids = iter(range(10**6, 2 * 10**6))
-
-    def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
-        i = next(ids)
-        msg = {"id": i, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
-        ws.send(json.dumps(msg))
-        while True:
-            m = json.loads(ws.recv(timeout=timeout_s))
-            if m.get("id") == i:
-                if "error" in m:
-                    raise RuntimeError(f"{method}: {m['error']}")
-                return m.get("result", {})
+    call = _caller(ws, [], timeout_s)
 
     target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
     session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
