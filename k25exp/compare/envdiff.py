@@ -21,7 +21,14 @@ RUN_SPECIFIC_TAGS = frozenset({
     "server.pid", "server.log", "server.base_url", "server.reused", "server.launch_key",
     # the command line: the config params it set are diffed one by one (param_diff)
     "hydra.overrides",
+    # the job's own process and liveness (k25exp.tracking.liveness), the trace files it kept
+    "k25exp.pid", "k25exp.pid_start", "k25exp.heartbeat", "traces",
 })
+# the same for a side's sub-runs (spec_decode's baseline/...): the part after the last "/"
+RUN_SPECIFIC_SUFFIXES = ("server.pid", "server.log", "server.base_url", "server.reused", "server.launch_key")
+# what a run found, kept as tags for people (a knee, where throughput saturated): results,
+# compared as figures where they are figures, never environment
+RESULT_TAGS = frozenset({"knee", "saturation", "baseline/saturation"})
 
 
 def _side_values(runs: Iterable[RunView], get) -> dict[str, str]:
@@ -42,7 +49,9 @@ def tag_diff(a: Side, b: Side) -> list[tuple[str, str, str]]:
     """(tag, A's value, B's value) for every environment tag that differs."""
     def env(r: RunView) -> dict[str, str]:
         return {k: v for k, v in r.tags.items()
-                if k not in RUN_SPECIFIC_TAGS and not k.startswith(RUN_SPECIFIC_TAG_PREFIXES)}
+                if k not in RUN_SPECIFIC_TAGS and k not in RESULT_TAGS
+                and not k.startswith(RUN_SPECIFIC_TAG_PREFIXES)
+                and not k.rsplit("/", 1)[-1].endswith(RUN_SPECIFIC_SUFFIXES)}
     return _diff(_side_values(a.runs, env), _side_values(b.runs, env))
 
 

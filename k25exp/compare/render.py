@@ -84,7 +84,8 @@ def verdict_line(c: Comparison) -> str:
         return ""
     if c.failing:
         return (f"FAIL: {len(c.failing)} significant change(s) worse by more than {c.fail_on:g} %: "
-                + ", ".join(f"{r.pair} {r.figure} {pct(r.change_pct)}" for r in c.failing[:10]))
+                + ", ".join(f"{r.pair} {r.figure} (median {pct(r.test.median_change_pct)})"
+                            for r in c.failing[:10]))
     return f"ok: no significant change worse by more than {c.fail_on:g} %"
 
 

@@ -18,7 +18,8 @@ from typing import Optional
 from k25exp.report.sources import RunView
 
 # Params that differ between runs for reasons other than what was measured.
-RUN_SPECIFIC_PARAMS = ("paths.", "hydra.", "tracking.run_name", "tracking.campaign")
+RUN_SPECIFIC_PARAMS = ("paths.", "hydra.", "tracking.run_name", "tracking.campaign",
+                       "experiment.campaign")  # the report's: which campaign it read
 
 
 class CompareError(RuntimeError):

@@ -74,6 +74,73 @@ class Comparison:
         return [r for r in self.rows if r.significant]
 
 
+def _invalid_sides(fa: dict, fb: dict, metric: str, step: Optional[int]) -> str:
+    """"A", "B", "A and B" or "": which side flagged the level a figure belongs to invalid
+    (its `valid` at that step, or `single_stream_valid` for the single-stream figures; a
+    `baseline/` figure by the baseline's own flag)."""
+    prefix = metric.split("/", 1)[0] + "/" if metric.startswith("baseline/") else ""
+    bare = metric[len(prefix):]
+    key = (prefix + "valid", step) if step is not None else \
+        (prefix + "single_stream_valid", None) if bare.startswith("single_stream_") else None
+    if key is None:
+        return ""
+    bad = [side for side, f in (("A", fa), ("B", fb)) if f.get(key) == 0]
+    return " and ".join(bad)
+
+
+def judge_pair(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str, alpha: float,
+               fail_on: Optional[float], noise: float) -> list[Row]:
+    """Rows of one pair: every figure either side logged (fa, fb: (metric, step) -> value),
+    tested where both kept samples (sa, sb), Holm-adjusted over the pair's distinct tests,
+    judged on the tested median; `problem` says why samples are missing."""
+    pair_rows: list[Row] = []
+    tests: dict[tuple[int, int], Optional[stats.Test]] = {}  # one test per distinct pair of sample sets
+    for fig in sorted(set(fa) | set(fb), key=lambda f: (f[1] is not None, f[1] or 0, f[0])):
+        metric, step = fig
+        better, _ = directions.direction(metric)
+        row = Row(p.label, metric, step, fa.get(fig), fb.get(fig), better)
+        if fig in sa and fig in sb:
+            ident = (id(sa[fig]), id(sb[fig]))
+            if ident not in tests:
+                tests[ident] = stats.compare_samples(sa[fig], sb[fig])
+            row.test = tests[ident]
+            if row.test is None:
+                row.note = (f"not tested (fewer than {stats.MIN_SAMPLES} samples: "
+                            f"{len(sa[fig])} vs {len(sb[fig])})")
+        else:
+            row.note = samples.why_no_samples(p.experiment, metric, bool(sa and sb), problem)
+            if fig in sa or fig in sb:
+                row.note = f"no samples in {'B' if fig in sa else 'A'}"
+        if better == directions.UNKNOWN:
+            row.note = (row.note + "; " if row.note else "") + "direction unknown: never fails"
+        pair_rows.append(row)
+    # Holm over this pair's distinct tests, then the verdict per row
+    distinct = list(tests.items())
+    valid = [(k, t) for k, t in distinct if t is not None]
+    adjusted = dict(zip((k for k, _ in valid), stats.holm([t.p for _, t in valid])))
+    for row in pair_rows:
+        if row.test is None:
+            continue
+        key = next(k for k, t in valid if t is row.test)
+        row.p_adjusted = adjusted[key]
+        moved = abs(row.test.median_change_pct) > noise
+        row.within_noise = row.p_adjusted < alpha and not moved
+        row.significant = row.p_adjusted < alpha and moved
+        flagged = _invalid_sides(fa, fb, row.metric, row.step)
+        if flagged:  # a level the run itself flagged (client lag, delivery stall) is not judged
+            row.note = (row.note + "; " if row.note else "") + \
+                f"not judged: level flagged invalid in {flagged}"
+            row.significant, row.within_noise = False, False
+            continue
+        # the verdict is on what was tested, the samples' median: a mean can move the other
+        # way (one outlier), and must not fail the gate while the distribution improved
+        ch = row.test.median_change_pct
+        if (fail_on is not None and row.significant and ch is not None
+                and directions.is_worse(row.metric, ch) and abs(ch) > fail_on):
+            row.worse_beyond = True
+    return pair_rows
+
+
 def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
             fail_on: Optional[float] = None, noise: float = DEFAULT_NOISE_PCT) -> Comparison:
     c = resolve.client(uri)
@@ -86,44 +153,7 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
         sa, problem_a = resolve.fetch_samples(uri, p.a)
         sb, problem_b = resolve.fetch_samples(uri, p.b)
         problem = "; ".join(x for x in (problem_a, problem_b) if x)
-        pair_rows: list[Row] = []
-        tests: dict[tuple[int, int], Optional[stats.Test]] = {}  # one test per distinct pair of sample sets
-        for fig in sorted(set(fa) | set(fb), key=lambda f: (f[1] is not None, f[1] or 0, f[0])):
-            metric, step = fig
-            better, _ = directions.direction(metric)
-            row = Row(p.label, metric, step, fa.get(fig), fb.get(fig), better)
-            if fig in sa and fig in sb:
-                ident = (id(sa[fig]), id(sb[fig]))
-                if ident not in tests:
-                    tests[ident] = stats.compare_samples(sa[fig], sb[fig])
-                row.test = tests[ident]
-                if row.test is None:
-                    row.note = (f"not tested (fewer than {stats.MIN_SAMPLES} samples: "
-                                f"{len(sa[fig])} vs {len(sb[fig])})")
-            else:
-                row.note = samples.why_no_samples(p.experiment, metric, bool(sa and sb), problem)
-                if fig in sa or fig in sb:
-                    row.note = f"no samples in {'B' if fig in sa else 'A'}"
-            if better == directions.UNKNOWN:
-                row.note = (row.note + "; " if row.note else "") + "direction unknown: never fails"
-            pair_rows.append(row)
-        # Holm over this pair's distinct tests, then the verdict per row
-        distinct = list(tests.items())
-        valid = [(k, t) for k, t in distinct if t is not None]
-        adjusted = dict(zip((k for k, _ in valid), stats.holm([t.p for _, t in valid])))
-        for row in pair_rows:
-            if row.test is None:
-                continue
-            key = next(k for k, t in valid if t is row.test)
-            row.p_adjusted = adjusted[key]
-            moved = abs(row.test.median_change_pct) > noise
-            row.within_noise = row.p_adjusted < alpha and not moved
-            row.significant = row.p_adjusted < alpha and moved
-            ch = row.change_pct
-            if (fail_on is not None and row.significant and ch is not None
-                    and directions.is_worse(row.metric, ch) and abs(ch) > fail_on):
-                row.worse_beyond = True
-        rows += pair_rows
+        rows += judge_pair(p, fa, fb, sa, sb, problem, alpha, fail_on, noise)
     if any(r.test for r in rows):
         notes.append(f"significant = Mann-Whitney U two-sided p < {alpha:g} after Holm's "
                      "adjustment over the distinct sample sets tested per pair; interval = "

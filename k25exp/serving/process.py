@@ -1,6 +1,10 @@
 """One launched server process: start it, wait until it serves, stop it with its whole tree.
 
-The child runs in its own session (``start_new_session``), from an argument list, stdout and
+The child runs in its own process group (stopped as a group) but in this process's session:
+Linux puts each session in its own scheduling group (autogroup), and a server in a session
+of its own, whose TP workers busy-poll every core of a CPU box, starved the client's
+session for up to 1.2 s at a time (kernel 6.18, 2 cores: every open-loop level flagged for
+client lag and delivery stalls; in one session, none). From an argument list, stdout and
 stderr in a log file whose header (argv, added env) has secrets masked. It is ready when
 ``GET /health`` answers 200 and ``GET /v1/models`` lists the served name; if it exits first,
 or the timeout passes, the error carries the log's last lines. There is no check-then-bind of
@@ -47,8 +51,8 @@ def _live(p: psutil.Process) -> bool:
 
 
 def process_tree(root: int) -> dict[int, psutil.Process]:
-    """Live processes of `root`'s tree and of its session (what start_new_session gave it:
-    children that were re-parented after their parent died are still in it)."""
+    """Live processes of `root`'s tree and of its process group (children that were
+    re-parented after their parent died are still in it)."""
     found: dict[int, psutil.Process] = {}
     try:
         r = psutil.Process(root)
@@ -57,14 +61,15 @@ def process_tree(root: int) -> dict[int, psutil.Process]:
         pass
     for p in psutil.process_iter():
         try:
-            if p.pid not in found and os.getsid(p.pid) == root:
+            if p.pid not in found and os.getpgid(p.pid) == root:
                 found[p.pid] = p
         except OSError:
             pass
     return {pid: p for pid, p in found.items() if _live(p)}
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def _child_setup() -> None:  # runs in the child between fork and exec
+    os.setpgid(0, 0)  # its own process group, in this session (see the module's docstring)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
@@ -118,7 +123,7 @@ class ManagedServer:
             self.started_at = time.time()
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
                                          stderr=subprocess.STDOUT, env=spec.child_env(),
-                                         start_new_session=True, preexec_fn=_set_pdeathsig,
+                                         preexec_fn=_child_setup,
                                          close_fds=True)
         log.info("vLLM starting (pid %d, port %d, log %s)", self.proc.pid, port, self.log_path)
         try:

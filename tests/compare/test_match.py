@@ -48,3 +48,18 @@ def test_tag_diff_leaves_out_run_specific_tags():
     b = Side("b", "run", [run("b", "macro", tags={"env.cpu_affinity": "1", "mlflow.runName": "y",
                                                   "k25exp.output_dir": "/o/b", "torch": "2.13"})])
     assert tag_diff(a, b) == [("env.cpu_affinity", "2", "1")]
+
+
+def test_tag_diff_leaves_out_processes_liveness_sub_run_servers_and_results():
+    # what two runs of one commit on one machine differed in, besides the environment
+    # (seen comparing two embedded-default campaigns)
+    common = {"vllm.attention_backend": "CPU_MLA"}
+    a = Side("a", "run", [run("a", "spec_decode", tags={
+        **common, "k25exp.pid": "21269", "k25exp.heartbeat": "1796120958.2", "k25exp.pid_start": "1",
+        "baseline/server.pid": "22609", "baseline/server.log": "/s/a.log", "traces": "a.json.gz",
+        "knee": "16", "baseline/saturation": "2", "vllm.cudagraph_mode": "NONE"})])
+    b = Side("b", "run", [run("b", "spec_decode", tags={
+        **common, "k25exp.pid": "23034", "k25exp.heartbeat": "1796121429.8", "k25exp.pid_start": "2",
+        "baseline/server.pid": "24383", "baseline/server.log": "/s/b.log", "traces": "b.json.gz",
+        "knee": "8", "baseline/saturation": "1", "vllm.cudagraph_mode": "FULL"})])
+    assert tag_diff(a, b) == [("vllm.cudagraph_mode", "NONE", "FULL")]

@@ -109,14 +109,15 @@ def test_failed_run_logs_finished_points_then_raises(tmp_path):
     rec = MemoryRecorder()
     with pytest.raises(CollectiveFailed, match=r"rank 1 died at point 2 \(injected fault\); 2 of 3"):
         run(tmp_path, "experiment=allreduce_sweep", "debug=quick", "experiment.fault.kill_rank=1",
-            "experiment.fault.at_point=2", rec=rec)
+            "experiment.fault.at_point=2", "experiment.communicator=torch", rec=rec)
     assert sorted(rec.latest("time_us")) == [8, 16]
     assert len(list(csv.DictReader(open(tmp_path / "results.csv")))) == 2
 
 
 def test_wrong_result_fails_naming_rank_and_size(tmp_path):
     with pytest.raises(CollectiveFailed, match=r"wrong all_reduce result on rank 0 at 14336 B"):
-        run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.fault.corrupt_rank=0")
+        run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.fault.corrupt_rank=0",
+            "experiment.communicator=torch")  # vLLM's communicator: test_step_collectives_through_...
 
 
 def test_step_collectives_through_vllms_own_communicator(tmp_path):
