@@ -459,6 +459,9 @@ class MacroConfig(Registered):
     # open: a level whose client sent more than this fraction off the drawn schedule's rate
     # is flagged invalid (it measured the client's pace).
     max_rate_error: float = 0.05
+    # open: scale each level's drawn schedule to realise request_rate exactly (n gaps are
+    # otherwise about ±1/√n off the mean); the gaps' shape is kept. Not with duration_s.
+    exact_rate: bool = False
     # closed: worker w starts at w × ramp_s / concurrency (0: all at once, rounds in lockstep).
     ramp_s: float = 0.0
     # Shared prefixes: request i's first prefix_tokens tokens are the prefix of group
@@ -571,6 +574,9 @@ class SloSearchConfig(MacroConfig):
     max_probes: int = 12
     min_requests: int = 20  # per probe: enough for the percentile (p90 needs 10)
     single_stream_requests: int = 0
+    # every probe at exactly its rate: 20 Poisson arrivals are otherwise ±22 % off it, and a
+    # probe at 2 req/s that happened to send at 4 met an SLO one at 3 (sent at 3.7) missed
+    exact_rate: bool = True
 
 
 @experiment

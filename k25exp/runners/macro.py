@@ -192,7 +192,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                 gc.disable()
                 try:
                     if rate is not None:
-                        due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration)
+                        due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
+                                       exact=exp.exact_rate and n is not None)
                         res = await run_open_level(client, lambda i: prompt(first_prompt + i),
                                                    phase=name, level=level, due_s=due,
                                                    max_tokens=exp.output_tokens, t0=t0,

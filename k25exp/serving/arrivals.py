@@ -15,9 +15,12 @@ import numpy as np
 
 
 def schedule(rate: float, burstiness: float, seed: int, n: Optional[int] = None,
-             duration_s: Optional[float] = None) -> np.ndarray:
+             duration_s: Optional[float] = None, exact: bool = False) -> np.ndarray:
     """Due times (s from the level's start) of `n` requests, or of every request due within
-    `duration_s`. rate = inf: all due at once."""
+    `duration_s`. rate = inf: all due at once. exact (with n): the drawn times scaled so that
+    they realise `rate` exactly ((n − 1) / last = rate), the gaps' shape (CV) unchanged: n
+    random gaps are otherwise about ±1/√n off the mean (±22 % at n = 20), which made probes
+    of one search not comparable."""
     if (n is None) == (duration_s is None):
         raise ValueError("give exactly one of n and duration_s")
     if not rate > 0:
@@ -32,6 +35,8 @@ def schedule(rate: float, burstiness: float, seed: int, n: Optional[int] = None,
     scale = 1.0 / (rate * burstiness)
     if n is not None:
         gaps = rng.gamma(burstiness, scale, size=max(n - 1, 0))
+        if exact and len(gaps) and gaps.sum() > 0:
+            gaps *= (len(gaps) / rate) / gaps.sum()
         return np.concatenate([[0.0], np.cumsum(gaps)])
     times = [0.0]
     while True:  # draw in blocks until past the duration

@@ -31,6 +31,15 @@ def test_arrivals_have_the_asked_mean_rate_and_coefficient_of_variation(burstine
     assert (schedule(5.0, burstiness, seed=7, n=50) == schedule(5.0, burstiness, seed=7, n=50)).all()
 
 
+def test_an_exact_schedule_realises_its_rate_and_keeps_its_shape():
+    loose = schedule(2.0, 1.0, seed=2011, n=20)
+    exact = schedule(2.0, 1.0, seed=2011, n=20, exact=True)
+    assert abs(rate_of(loose) / 2.0 - 1) > 0.05  # this draw is well off its mean ...
+    assert rate_of(exact) == pytest.approx(2.0, rel=1e-12)  # ... the exact one is not
+    # the same draw, scaled: every gap keeps its share of the whole
+    assert np.diff(exact) / np.diff(exact).sum() == pytest.approx(np.diff(loose) / np.diff(loose).sum())
+
+
 def test_a_duration_schedule_stops_inside_it():
     due = schedule(10.0, 1.0, seed=1, duration_s=30.0)
     assert due.max() < 30.0 and len(due) == pytest.approx(300, rel=0.15)  # Poisson: ±√300
