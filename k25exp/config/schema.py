@@ -229,6 +229,9 @@ class CollectiveExperiment(ExperimentBase):
     # Who performs the ops: vllm = vLLM's own TP communicator (the path its server runs),
     # torch = PyTorch's c10d. Default: vllm when vLLM is importable here, else torch.
     communicator: str = "${k25.communicator:${hardware.nnodes}}"  # type: ignore[assignment]
+    # NCCL runs: first an untimed probe job with NCCL's TUNING log, whose choices (algorithm,
+    # protocol, channels per op size) become tags (one more torchrun start; false skips it).
+    nccl_probe: bool = True
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 

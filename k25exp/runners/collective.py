@@ -111,7 +111,8 @@ def measure(cfg: K25Config, spec: CollectiveSpec, out: Path, rec: Recorder) -> t
                     rdzv_endpoint=hw.rdzv_endpoint, env=rank_env(hw))
     replay = _replay.get()
     if not replay and spec.backend == "nccl":
-        rec.set_tags(nccl_choice_tags(spec, topo, out, cfg.experiment.wall_limit_s))
+        rec.set_tags(nccl_choice_tags(spec, topo, out, cfg.experiment.wall_limit_s)
+                     if cfg.experiment.nccl_probe else {"nccl.choice": "not probed (experiment.nccl_probe=false)"})
     outcome = _replayed(out / "raw") if replay else \
         launch(spec, topo, out / "raw", wall_limit_s=cfg.experiment.wall_limit_s)
     files = read_rank_files(out / "raw")
@@ -147,7 +148,8 @@ def nccl_choice_tags(spec: CollectiveSpec, topo: Topology, out: Path,
             f"no TUNING lines in {n_logs} rank log(s) (a 1-rank communicator makes no choice)"
         return {"nccl.choice": f"unknown: {why}"}
     rows = nccl_log.table(choices)
-    print(tables.write(out / "nccl_choices", NCCL_CHOICE_COLUMNS, rows, "What NCCL chose (its TUNING log, untimed probe job)"), flush=True)
+    print(tables.write(out / "nccl_choices", NCCL_CHOICE_COLUMNS, rows,
+                       "What NCCL chose (its TUNING log, untimed probe job)"), flush=True)
     return {"nccl.choice": nccl_log.summary(choices)[:5000],
             "nccl.coll_channels": str(channels) if channels is not None else "unknown",
             "nccl.choice_source": "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING, separate probe job "
