@@ -45,14 +45,18 @@ def _diff(a: dict[str, str], b: dict[str, str]) -> list[tuple[str, str, str]]:
             if a.get(k) != b.get(k)]
 
 
-def tag_diff(a: Side, b: Side) -> list[tuple[str, str, str]]:
-    """(tag, A's value, B's value) for every environment tag that differs."""
+def tag_diff(a: Side, b: Side, pairs=None) -> list[tuple[str, str, str]]:
+    """(tag, A's value, B's value) for every environment tag that differs, over the runs that
+    were paired (a campaign against one phase's run: only that phase's runs on A's side, not
+    tags of experiments B never ran); over the whole sides when nothing paired."""
     def env(r: RunView) -> dict[str, str]:
         return {k: v for k, v in r.tags.items()
                 if k not in RUN_SPECIFIC_TAGS and k not in RESULT_TAGS
                 and not k.startswith(RUN_SPECIFIC_TAG_PREFIXES)
                 and not k.rsplit("/", 1)[-1].endswith(RUN_SPECIFIC_SUFFIXES)}
-    return _diff(_side_values(a.runs, env), _side_values(b.runs, env))
+    ra = [p.a for p in pairs] if pairs else a.runs
+    rb = [p.b for p in pairs] if pairs else b.runs
+    return _diff(_side_values(ra, env), _side_values(rb, env))
 
 
 def param_diff(pairs) -> list[tuple[str, str, str]]:

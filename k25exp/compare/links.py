@@ -54,12 +54,12 @@ def ui_links(uri: str, base: str) -> list[str]:
             name = next(e.name for e in exps if e.experiment_id == eid)
             lines.append(f"  {name:<28} {runs_url(base, eid, f'tags.campaign = {chr(39)}{campaign}{chr(39)}')}")
         lines.append(f"  compare all: {compare_url(base, [r.info.run_id for r in in_it], [r.info.experiment_id for r in in_it])}")
-    parents = [r for r in recent if r.data.tags.get("k25exp.role") == "parent"][:10]
+    parents = [r for r in recent if r.data.tags.get("k25exp.role") == "parent"][:20]
     if parents:
         lines.append("sweeps (compare view of each sweep's children):")
     for p in parents:
         kids = child_runs(c, p.info.run_id)
-        if kids:
+        if len(kids) > 1:  # a compare view of one run shows nothing to compare
             lines.append(f"  {p.info.run_name or p.info.run_id[:8]} ({len(kids)} runs): "
                          + compare_url(base, [k.info.run_id for k in kids], [k.info.experiment_id for k in kids]))
     return lines

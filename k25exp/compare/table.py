@@ -163,6 +163,6 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
     for side in (a, b):
         if side.left_out:
             notes.append(f"left out of {side.ident}: {', '.join(side.left_out)} (not finished)")
-    return Comparison(a, b, pairs, rows, unmatched, envdiff.tag_diff(a, b),
+    return Comparison(a, b, pairs, rows, unmatched, envdiff.tag_diff(a, b, pairs),
                       envdiff.param_diff(pairs), alpha, fail_on, noise, notes)
 

@@ -48,10 +48,13 @@ class Chromium:
     def load(self, page: Path) -> dict:
         return _drive(self._ws, page.resolve().as_uri(), self.timeout_s)
 
-    def text_when(self, url: str, needle: str, timeout_s: float = 60.0) -> str:
+    def text_when(self, url: str, needle: str, timeout_s: float = 60.0,
+                  columns: tuple[str, ...] = ()) -> tuple[str, dict[str, float]]:
         """The page's visible text once it contains `needle` (a single-page app renders after
-        its load event); TimeoutError with what it showed otherwise."""
-        return _poll_text(self._ws, url, needle, timeout_s)
+        its load event), and for each of `columns` the left edge (px) of the leftmost element
+        whose own text starts with it (-1: none): where a user sees it, whatever the DOM order.
+        TimeoutError with what it showed otherwise."""
+        return _poll_text(self._ws, url, needle, timeout_s, columns)
 
     def __exit__(self, *exc) -> None:
         self._conn.__exit__(None, None, None)
@@ -140,7 +143,15 @@ def _drive(ws, url: str, timeout_s: float) -> dict:
     return out
 
 
-def _poll_text(ws, url: str, needle: str, timeout_s: float) -> str:
+_LEFT_EDGES = """(prefixes => Object.fromEntries(prefixes.map(p => {
+  const xs = Array.from(document.querySelectorAll('body *'))
+    .filter(e => e.children.length === 0 && (e.textContent || '').trim().startsWith(p))
+    .map(e => e.getBoundingClientRect()).filter(r => r.width > 0).map(r => r.left);
+  return [p, xs.length ? Math.min(...xs) : -1];
+})))"""
+
+
+def _poll_text(ws, url: str, needle: str, timeout_s: float, columns=()) -> tuple[str, dict]:
     call = _caller(ws, [], timeout_s)
 
     target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -155,7 +166,9 @@ def _poll_text(ws, url: str, needle: str, timeout_s: float) -> str:
                                             "returnByValue": True}, session=session)
             text = res.get("result", {}).get("value") or ""
             if needle in text:
-                return text
+                js = f"JSON.stringify(({_LEFT_EDGES})({json.dumps(list(columns))}))"
+                res = call("Runtime.evaluate", {"expression": js, "returnByValue": True}, session=session)
+                return text, json.loads(res["result"]["value"])
             time.sleep(0.5)
         raise TimeoutError(f"{url} never showed {needle!r} in {timeout_s:g} s; it showed:\n{text[-2000:]}")
     finally:

@@ -63,3 +63,17 @@ def test_tag_diff_leaves_out_processes_liveness_sub_run_servers_and_results():
         "baseline/server.pid": "24383", "baseline/server.log": "/s/b.log", "traces": "b.json.gz",
         "knee": "8", "baseline/saturation": "1", "vllm.cudagraph_mode": "FULL"})])
     assert tag_diff(a, b) == [("vllm.cudagraph_mode", "NONE", "FULL")]
+
+
+
+def test_tag_diff_over_paired_runs_only():
+    # a campaign (macro + nccl_burst) against a macro-only campaign: the burst's tags are not
+    # "absent" on B, they belong to a run nothing was compared with
+    from k25exp.compare.resolve import Pair
+
+    ma = run("ma", "macro", tags={"vllm.enforce_eager": "true"})
+    nb = run("nb", "nccl_burst", tags={"backend": "gloo"})
+    mb = run("mb", "macro", tags={"vllm.enforce_eager": "false"})
+    a, b = Side("a", "campaign", [ma, nb]), Side("b", "campaign", [mb])
+    assert tag_diff(a, b) == [("backend", "gloo", "(absent)"), ("vllm.enforce_eager", "true", "false")]
+    assert tag_diff(a, b, [Pair("macro", {}, ma, mb)]) == [("vllm.enforce_eager", "true", "false")]
