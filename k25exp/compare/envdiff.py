@@ -16,19 +16,22 @@ RUN_SPECIFIC_TAG_PREFIXES = ("mlflow.", "compare.", "report.")
 RUN_SPECIFIC_TAGS = frozenset({
     "k25exp.output_dir", "k25exp.role", "campaign", "run_id", "parent_run_id", "start_time",
     "end_time",
-    # the server this run talked to: its process, log file, port (server.port=0 picks one per
-    # start), whether this job reused it, the hash of its launch settings (from the config)
-    "server.pid", "server.log", "server.base_url", "server.reused", "server.launch_key",
     # the command line: the config params it set are diffed one by one (param_diff)
     "hydra.overrides",
     # the job's own process and liveness (k25exp.tracking.liveness), the trace files it kept
     "k25exp.pid", "k25exp.pid_start", "k25exp.heartbeat", "traces",
 })
-# the same for a side's sub-runs (spec_decode's baseline/...): the part after the last "/"
+# Matched on the tag's last "/" part, so a sub-run's (spec_decode's baseline/...) too:
+# the server this run talked to: its process, log file, port (server.port=0 picks one per
+# start), whether this job reused it, the hash of its launch settings (from the config) ...
 RUN_SPECIFIC_SUFFIXES = ("server.pid", "server.log", "server.base_url", "server.reused", "server.launch_key")
-# what a run found, kept as tags for people (a knee, where throughput saturated): results,
-# compared as figures where they are figures, never environment
-RESULT_TAGS = frozenset({"knee", "saturation", "baseline/saturation"})
+# ... and what a run found, kept as tags for people (a knee, where throughput saturated):
+# results, compared as figures where they are figures, never environment
+RESULT_TAGS = frozenset({"knee", "saturation"})
+
+
+def _last(tag: str) -> str:
+    return tag.rsplit("/", 1)[-1]
 
 
 def _side_values(runs: Iterable[RunView], get) -> dict[str, str]:
@@ -51,9 +54,8 @@ def tag_diff(a: Side, b: Side, pairs=None) -> list[tuple[str, str, str]]:
     tags of experiments B never ran); over the whole sides when nothing paired."""
     def env(r: RunView) -> dict[str, str]:
         return {k: v for k, v in r.tags.items()
-                if k not in RUN_SPECIFIC_TAGS and k not in RESULT_TAGS
-                and not k.startswith(RUN_SPECIFIC_TAG_PREFIXES)
-                and not k.rsplit("/", 1)[-1].endswith(RUN_SPECIFIC_SUFFIXES)}
+                if k not in RUN_SPECIFIC_TAGS and not k.startswith(RUN_SPECIFIC_TAG_PREFIXES)
+                and not _last(k).endswith(RUN_SPECIFIC_SUFFIXES) and _last(k) not in RESULT_TAGS}
     ra = [p.a for p in pairs] if pairs else a.runs
     rb = [p.b for p in pairs] if pairs else b.runs
     return _diff(_side_values(ra, env), _side_values(rb, env))
