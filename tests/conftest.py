@@ -27,18 +27,26 @@ def _cuda() -> bool:
         return False
 
 
+# Fixtures that start a real vLLM server: their tests run in one xdist worker, in order.
+VLLM_SERVER_FIXTURES = {"vllm", "campaign_full"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marker
 def pytest_collection_modifyitems(config, items):
-    """Tests that start a server (real vLLM or the fake) run in one xdist worker, one after
-    another: servers are reused by launch key within a process, and their orphan checks look
-    at every server process on the machine. `cuda` tests need a GPU: here they skip, saying
-    so; on a GPU box (`pytest -m cuda`) they all run, and a missing optional kernel is an
-    xfail with its reason."""
+    """Tests that start a real vLLM server run in one xdist worker, one after another: the
+    servers are reused by launch key within a process, their orphan checks look at every vLLM
+    process on the machine, and two at once would compete for the same two cores. Each module
+    of fake-server tests runs in a worker of its own choosing (its orphan checks look only at
+    its own model folder), beside the vLLM worker. `cuda` tests need a GPU: here they skip,
+    saying so; on a GPU box (`pytest -m cuda`) they all run, and a missing optional kernel is
+    an xfail with its reason."""
     skip = None if _cuda() else pytest.mark.skip(
         reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU box)")
     for item in items:
-        if "vllm" in item.keywords or "fake_server" in item.keywords:
+        if VLLM_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("servers"))
+        elif "fake_server" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group(f"fake:{item.module.__name__}"))
         if skip and "cuda" in item.keywords:
             item.add_marker(skip)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import ROOT, job_env, make_k25
-from tests.serving.helpers import FAKE_ENTRYPOINT, FAKE_MARKS, fake_model, orphans
+from tests.serving.helpers import FAKE_ENTRYPOINT, fake_marks, fake_model, orphans
 
 # Its fake servers serve this module's own model folder and its orphan check looks only at
 # those, so it runs beside the servers worker rather than in it.
@@ -58,7 +58,7 @@ def store(tmp_path_factory):
                             env=job_env())
     assert pinned.returncode == 0, pinned.stderr[-3000:]
     # fake servers of this module's runs only (other test sessions may share the machine)
-    assert not [o for o in orphans(marks=FAKE_MARKS) if str(model) in o[1]]
+    assert not orphans(marks=fake_marks(model))
     runs = [r for r in sweep.runs() if r.data.tags.get("k25exp.experiment") == "macro"
             and r.data.tags.get("k25exp.role") != "parent"]
     assert [r.data.params[GAP] for r in runs] == [BASE_GAP, BASE_GAP, LONG_GAP, BASE_GAP]

@@ -20,7 +20,7 @@ import pytest
 from k25exp.poll import wait_until
 from k25exp.serving.server import free_port
 from tests.conftest import ROOT
-from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans, vllm_processes
+from tests.serving.helpers import fake_marks, fake_model, fake_overrides, orphans, vllm_processes
 from tests.test_job import artifact_paths
 
 pytestmark = pytest.mark.fake_server  # one xdist worker runs every server test, in order
@@ -72,7 +72,7 @@ def test_multirun_starts_one_server_per_distinct_server_setting(k25, model, tmp_
     arts = set(artifact_paths(r.client, kids[1].info.run_id))
     assert {"requests.jsonl", "results.csv", "server.log", "plots/latency_cdf.png",
             "plots/throughput_vs_concurrency.png", "plots/tpot_vs_concurrency.png"} <= arts
-    assert not orphans(marks=FAKE_MARKS), "server processes survived the multirun"
+    assert not orphans(marks=fake_marks(model)), "server processes survived the multirun"
 
 
 def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25, model, tmp_path):
@@ -95,7 +95,7 @@ def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25, 
     level2 = [x for x in recs if x["phase"] == "sweep" and x["level"] == 2]
     assert any(x["ok"] for x in level2) and any(not x["ok"] for x in level2)
     assert {"server.log", "error.txt", "results.csv"} <= set(artifact_paths(c, run.info.run_id))
-    assert not orphans(marks=FAKE_MARKS), "server processes survived the crash"
+    assert not orphans(marks=fake_marks(model)), "server processes survived the crash"
 
 
 def test_unreachable_endpoint_fails_the_run_with_a_clear_error(k25, tmp_path):
@@ -125,7 +125,7 @@ def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(model, 
         try:
             def started() -> bool:
                 assert p.poll() is None, p.stdout.read()[-3000:]
-                return any(stage in c for _, c in vllm_processes(marks=FAKE_MARKS))
+                return any(stage in c for _, c in vllm_processes(marks=fake_marks(model)))
 
             wait_until(started, 60, 0.1, f"the server's {stage!r} process")
             p.send_signal(sig)
@@ -134,4 +134,4 @@ def test_ctrl_c_or_sigterm_while_the_server_starts_leaves_nothing_behind(model, 
             if p.poll() is None:
                 p.kill()
         assert p.returncode != 0
-        assert not orphans(marks=FAKE_MARKS), f"server processes survived {sig.name}"
+        assert not orphans(marks=fake_marks(model)), f"server processes survived {sig.name}"

@@ -12,7 +12,7 @@ from k25exp.runners.slo_search import NoLoadMeetsSlo, Search
 from k25exp.serving import server
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
-from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
+from tests.serving.helpers import fake_marks, fake_model, fake_overrides, orphans
 
 
 SLO = "experiment.slo.ttft_ms=500"
@@ -53,32 +53,34 @@ def test_bad_search_settings_are_named():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    yield fake_model(tmp_path_factory.mktemp("fake_model"))
+    model = fake_model(tmp_path_factory.mktemp("fake_model"))
+    yield model
     server.stop_all()
-    assert not orphans(marks=FAKE_MARKS)
+    assert not orphans(marks=fake_marks(model))
 
 
 def _fake_search(model, tmp_path, *overrides):
-    ov = [o for o in fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=25") if o != "experiment=macro"]
+    ov = [o for o in fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=10") if o != "experiment=macro"]
     cfg = to_typed(compose_cfg("experiment=slo_search", *ov, "experiment.input_tokens=16",
                                "experiment.output_tokens=4", "experiment.warmup=1",
                                "experiment.max_concurrency=1", "experiment.burstiness=1000",
-                               "experiment.progress=false", "experiment.min_requests=12",
+                               "experiment.progress=false", "experiment.requests=12",
                                *overrides, f"paths.outputs={tmp_path}"), gpu_count=lambda: 0)
     rec = MemoryRecorder()
     return rec, runner_for(cfg.experiment)(cfg, tmp_path, rec)
 
 
 @pytest.mark.fake_server
-@pytest.mark.xdist_group("servers")
 def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
-    # One request at a time, each ~4 tokens 25 ms apart ≈ 0.08-0.1 s of service: regular
-    # arrivals (burstiness 1000) queue once the rate passes ~1 / service ≈ 10-12 req/s, and
-    # TTFT from the scheduled send then grows with every request. Below that it is ~0.03 s.
-    rec, summary = _fake_search(model, tmp_path, "experiment.start=2",
-                                "experiment.slo={ttft_ms: 150}", "experiment.max_probes=8")
+    # One request at a time, 4 tokens 10 ms apart: s ≈ 35-45 ms of service (capacity 1/s ≈
+    # 22-28 req/s). Regular arrivals (burstiness 1000) at rate r > 1/s queue: request k waits
+    # k (s - 1/r), so the 11th of 12 (the p90) waits 10 (s - 1/r), and TTFT (~5 ms unqueued)
+    # passes the 60 ms SLO once r > 1 / (s - 5.5 ms) ≈ 25-34 req/s. Bisection to 10 % stops
+    # below that; a server twice as slow (s = 90 ms) would still be kept up with at 12 req/s.
+    rec, summary = _fake_search(model, tmp_path, "experiment.start=8",
+                                "experiment.slo={ttft_ms: 60}", "experiment.max_probes=8")
     answer = summary["max_rate_meeting_slo"]
-    assert 4 <= answer <= 14, summary
+    assert 12 <= answer <= 48, summary
     probes = [(c.latest("target_rate_req_s"), name) for name, c in rec.children]
     assert len(rec.children) == summary["probes"] >= 3
     assert all(c.status == "FINISHED" for _, c in rec.children)
@@ -90,10 +92,10 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
 
 
 @pytest.mark.fake_server
-@pytest.mark.xdist_group("servers")
 def test_an_slo_no_load_meets_is_refused_by_saying_so(model, tmp_path):
-    # high rates, so the three probes take seconds: 8, 4, 2 req/s (lowest), all over 1 ms
+    # high rates, so the three probes take about a second each: 32, 16, 8 req/s (lowest), all
+    # over 1 ms
     with pytest.raises(NoLoadMeetsSlo, match=r"no probed req/s met the SLO \(p90 of ttft_ms <= 1\); "
-                       r"tried 8, 4, 2"):
-        _fake_search(model, tmp_path, "experiment.slo={ttft_ms: 1}", "experiment.lowest=2",
-                     "experiment.start=8")
+                       r"tried 32, 16, 8"):
+        _fake_search(model, tmp_path, "experiment.slo={ttft_ms: 1}", "experiment.lowest=8",
+                     "experiment.start=32")

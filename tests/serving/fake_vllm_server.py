@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default="fake")
+    p.add_argument("--model", default="")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     a, _ = p.parse_known_args()
     env = os.environ.get
@@ -56,7 +57,8 @@ def main() -> None:
         print("fake vLLM: error: exiting early as asked (FAKE_VLLM_EXIT_EARLY)", flush=True)
         sys.exit(int(env("FAKE_VLLM_EXIT_EARLY")))
     workers = [subprocess.Popen([sys.executable, "-m", "tests.serving.fake_vllm_server",
-                                 "--worker", str(i)]) for i in range(int(env("FAKE_VLLM_WORKERS", "0")))]
+                                 # the model in its argv: tests find their own server's workers
+                                 "--worker", str(i), "--model", a.model]) for i in range(int(env("FAKE_VLLM_WORKERS", "0")))]
     print(f"fake vLLM: {len(workers)} workers started", flush=True)
     if env("FAKE_VLLM_HANG_AT_START"):
         while True:

@@ -22,10 +22,16 @@ def vllm_processes(exclude: set[int] = frozenset(),
     for p in psutil.process_iter(["name", "cmdline", "status"]):
         if p.pid in exclude or p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        name, cmd = p.info["name"] or "", " ".join(p.info["cmdline"] or [])
+        name, cmd = p.info["name"] or "", " ".join(p.info["cmdline"] or []) + " "
         if (marks == VLLM_MARKS and name.startswith("VLLM")) or any(m in cmd for m in marks):
             found.append((p.pid, f"{name}: {cmd[:120]}"))
     return found
+
+
+def fake_marks(model: Path) -> tuple[str, ...]:
+    """Marks of the fake servers (and their workers) that serve `model` only: fake-server
+    modules run beside each other, each with its own model folder."""
+    return (f"--model {model} ",)
 
 
 def orphans(grace_s: float = 3.0, marks: tuple[str, ...] = VLLM_MARKS) -> list[tuple[int, str]]:

@@ -13,7 +13,7 @@ from k25exp.serving import server
 from k25exp.serving.errors import BadAnswer
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
-from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans
+from tests.serving.helpers import fake_marks, fake_model, fake_overrides, orphans
 
 pytestmark = pytest.mark.fake_server  # one xdist worker runs every server test, in order
 
@@ -24,9 +24,10 @@ SMALL = ["experiment.input_tokens=16", "experiment.output_tokens=4", "experiment
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    yield fake_model(tmp_path_factory.mktemp("fake_model"))
+    model = fake_model(tmp_path_factory.mktemp("fake_model"))
+    yield model
     server.stop_all()
-    assert not orphans(marks=FAKE_MARKS)
+    assert not orphans(marks=fake_marks(model))
 
 
 def run_macro(out, *overrides):

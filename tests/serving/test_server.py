@@ -20,7 +20,7 @@ from k25exp.config.validate import ConfigError, to_typed
 from k25exp.serving import server
 from k25exp.serving.client import CompletionClient
 from tests.conftest import compose_cfg
-from tests.serving.helpers import FAKE_MARKS, fake_model, fake_overrides, orphans, vllm_processes
+from tests.serving.helpers import fake_marks, fake_model, fake_overrides, orphans, vllm_processes
 
 pytestmark = pytest.mark.fake_server  # one xdist worker runs every server test, in order
 
@@ -47,7 +47,7 @@ def fake(model, tmp_path_factory):
     conn = server.connect(cfg.server, cfg.model, cfg.seed, "cpu", redact=cfg.tracking.redact)
     yield {"cfg": cfg, "conn": conn, "logs": logs}
     server.stop_all()
-    assert not orphans(marks=FAKE_MARKS), "fake server processes left after stop_all"
+    assert not orphans(marks=fake_marks(model)), "fake server processes left after stop_all"
 
 
 def test_launched_server_is_its_own_process_group_and_stops_with_its_tree(fake):
@@ -89,7 +89,8 @@ def test_split_cpus_gives_each_rank_its_block():
 
 
 def test_port_in_use_is_a_clear_error_naming_the_port(fake, tmp_path):
-    before = vllm_processes(marks=FAKE_MARKS)
+    mine = fake_marks(fake["cfg"].server.model_path)
+    before = vllm_processes(marks=mine)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -100,7 +101,7 @@ def test_port_in_use_is_a_clear_error_naming_the_port(fake, tmp_path):
                            match=rf"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}"):
             srv.start()
     assert not srv.alive() and not srv.pids()
-    assert vllm_processes(marks=FAKE_MARKS) == before
+    assert vllm_processes(marks=mine) == before
 
 
 def test_a_port_another_server_answers_on_is_in_use_not_ours(fake, tmp_path):
