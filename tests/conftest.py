@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +94,26 @@ def job_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+@functools.lru_cache(maxsize=1)
+def pristine_store() -> Path:
+    """An empty SQLite store MLflow created itself, once per test process. MLflow's schema
+    migrations take ~1.5 s of CPU per new store; tests whose subject is not store creation
+    start from a copy (the fresh-store paths are tested in tests/tracking and tests/faults)."""
+    from k25exp.tracking.mlflow_store import MlflowStore
+
+    folder = Path(tempfile.mkdtemp(prefix="k25exp-pristine-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    MlflowStore(f"sqlite:///{folder / 'mlflow.db'}")
+    return folder / "mlflow.db"
+
+
+def seed_store(folder: Path) -> None:
+    """A copy of the pristine store as folder/mlflow.db, unless one is there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "mlflow.db").exists():
+        shutil.copy(pristine_store(), folder / "mlflow.db")
+
+
 def make_k25(tmp_path: Path):
     """k25's runner for any folder (module-scoped fixtures use it with their own folder)."""
     outputs = tmp_path / "outputs"
@@ -97,6 +121,8 @@ def make_k25(tmp_path: Path):
     env = job_env()
 
     def run(*args: str, timeout: float = 300) -> CliResult:
+        if not any(a.startswith(("tracking=", "tracking.uri=")) for a in args):
+            seed_store(outputs)  # the default tracking: the local store under outputs
         p = subprocess.run([sys.executable, "-m", "k25exp", *args, f"paths.outputs={outputs}"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         return CliResult(p.returncode, p.stdout, p.stderr, outputs, uri)
@@ -153,6 +179,7 @@ class Campaign:
 def run_campaign(tmp: Path, name: str, *args: str, phases: str | None = None,
                  timeout: float = 1800) -> Campaign:
     uri = f"sqlite:///{tmp}/mlflow.db"
+    seed_store(tmp)
     env = job_env(MLFLOW_TRACKING_URI=uri, K25EXP_CAMPAIGN=name, PYTHON=sys.executable)
     env.pop("PHASES", None)
     if phases:

@@ -162,6 +162,7 @@ def test_marlin_cuda_matches_reference_or_is_unavailable():
     assert ok, err
 
 
+@pytest.mark.vllm
 def test_vllms_own_cpu_linear_dispatch_matches_fp32():
     pytest.importorskip("vllm")
     from k25exp.gemm.kernels import check_correct, vllm_linear

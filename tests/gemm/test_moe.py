@@ -23,7 +23,8 @@ def by_hand(x, w13, w2, tw, ti):
 
 
 @pytest.mark.parametrize("c", [1, 3, 32])
-@pytest.mark.parametrize("name", ["reference_grouped_moe", "vllm_fused_moe"])
+@pytest.mark.parametrize("name", ["reference_grouped_moe",
+                                  pytest.param("vllm_fused_moe", marks=pytest.mark.vllm)])
 def test_candidates_match_a_token_by_token_loop(name, c):
     if name == "vllm_fused_moe":
         pytest.importorskip("vllm")
@@ -44,6 +45,7 @@ def test_routing_picks_k_distinct_experts_with_weights_summing_to_one():
     assert torch.equal(moe.route(64, E, K, seed=3)[1], ti)  # deterministic
 
 
+@pytest.mark.vllm  # vLLM's fused MoE is one of the timed candidates
 def test_gemm_runner_times_the_moe_layer_per_batch(tmp_path):
     pytest.importorskip("vllm")
     from k25exp.config.validate import to_typed

@@ -17,6 +17,7 @@ from tests.report.test_report_campaign import latest
 
 def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
     c = run_campaign(tmp_path, "c-partial", "debug=quick", "server.port=0", "nccl_burst:experiment.tokens=1",
+                     "nccl_burst:experiment.communicator=torch",  # what is reported, not how
                      "macro:server.model_path=/nonexistent/checkpoint",
                      phases="nccl_burst macro report", timeout=600)
     p, runs = c.proc, c.runs

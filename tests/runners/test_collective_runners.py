@@ -120,6 +120,7 @@ def test_wrong_result_fails_naming_rank_and_size(tmp_path):
             "experiment.communicator=torch")  # vLLM's communicator: test_step_collectives_through_...
 
 
+@pytest.mark.vllm  # vLLM in every rank
 def test_step_collectives_through_vllms_own_communicator(tmp_path):
     """vLLM's TP communicator on 2 CPU ranks (the CPU build's shared-memory all-reduce, the
     path its server runs): tiny_kimi's decode step at TP 2, each op's result checked on every

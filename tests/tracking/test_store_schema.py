@@ -12,6 +12,7 @@ import pytest
 
 from k25exp.tracking.mlflow_store import MlflowStore, store_lock
 from k25exp.tracking.sqlite_schema import StoreRefused, check_store
+from tests.conftest import pristine_store
 
 
 def _digest(path):
@@ -19,11 +20,9 @@ def _digest(path):
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
+def pristine():
     """One store MLflow created (a fresh schema takes seconds); each test damages a copy."""
-    db = tmp_path_factory.mktemp("pristine") / "mlflow.db"
-    MlflowStore(f"sqlite:///{db}")
-    return db
+    return pristine_store()
 
 
 @pytest.fixture
