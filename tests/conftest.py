@@ -120,8 +120,9 @@ def make_k25(tmp_path: Path):
     uri = f"sqlite:///{outputs}/mlflow.db"
     env = job_env()
 
-    def run(*args: str, timeout: float = 300) -> CliResult:
-        if not any(a.startswith(("tracking=", "tracking.uri=")) for a in args):
+    def run(*args: str, timeout: float = 300, seed: bool = True) -> CliResult:
+        """seed=False: no store is put there first (a test that checks none is created)."""
+        if seed and not any(a.startswith(("tracking=", "tracking.uri=")) for a in args):
             seed_store(outputs)  # the default tracking: the local store under outputs
         p = subprocess.run([sys.executable, "-m", "k25exp", *args, f"paths.outputs={outputs}"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

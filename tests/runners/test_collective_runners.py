@@ -66,7 +66,8 @@ def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
 
 def test_allreduce_sweep_logs_each_size_as_a_step(tmp_path):
     _, rec, summary = run(tmp_path, "experiment=allreduce_sweep", "debug=quick",
-                          "experiment.min_bytes=1024", "experiment.factor=4")
+                          "experiment.min_bytes=1024", "experiment.factor=4",
+                          "experiment.communicator=torch")
     steps = sorted(rec.latest("time_us"))
     assert steps == [1024, 4096, 16384]  # debug=quick keeps the first 3 sizes
     for i, b in enumerate(steps):
