@@ -55,6 +55,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# The cheapest real job, for tests whose subject is not the experiment (tracking, launchers,
+# the store, settings checks): one GEMM shape of the tiny model, two calls per point, torch
+# only. No torchrun and no vLLM import: ~5 s of CPU, half a collective job's.
+LIGHT_JOB = ("experiment=gemm", "model=tiny_kimi", "experiment.shapes=[expert_down]",
+             "experiment.m_values=[1,2]", "experiment.moe_concurrency=[]", "experiment.moe_batches=[]",
+             "experiment.calls=2",
+             "experiment.kernels=[torch_bf16]")
+LIGHT_METRIC = "expert_down.tp2/torch_bf16/latency_us"  # logged at step = m (1, 2)
+
+
 def compose_cfg(*overrides: str):
     """The config `python -m k25exp <overrides>` would run (Hydra's own compose)."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

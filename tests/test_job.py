@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import yaml
 
+from tests.conftest import LIGHT_JOB
+
 CONTRACT = {
     "nccl_burst": ({"burst_ms", "queued_op_us", "op_us_mean", "op_us_p50", "op_us_p99",
                     "algbw_gbps", "busbw_gbps"}, None),
@@ -114,7 +116,7 @@ def test_config_error_in_a_sweep_is_a_failed_child(k25):
 
 
 def test_tracking_none_writes_no_store(k25):
-    r = k25("experiment=all_to_all", "debug=quick", "tracking=none", "experiment.communicator=torch")
+    r = k25(*LIGHT_JOB, "tracking=none")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (r.outputs / "mlflow.db").exists()
     assert list(r.outputs.glob("runs/*/*/results.csv"))

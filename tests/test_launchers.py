@@ -8,20 +8,30 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
+from tests.conftest import LIGHT_JOB, LIGHT_METRIC
+
+
+
+# joblib's jobs are collective ones: two torchruns at once must each find a port of their own
+# (submitit's local jobs run the same way, as processes: the lightest job is enough there).
+ALL_TO_ALL = ("experiment=all_to_all", "debug=quick", "experiment.communicator=torch",
+              "experiment.ops_per_burst=2,3")
+SWEEPS = {"local_parallel": (ALL_TO_ALL, "experiment.ops_per_burst", "a2a_us"),
+          "local_submitit": ((*LIGHT_JOB, "experiment.calls=2,3"), "experiment.calls", LIGHT_METRIC)}
 
 
 @pytest.mark.parametrize("launcher", ["local_parallel", "local_submitit"])
 def test_parallel_launchers_lose_no_run(k25, launcher):
-    r = k25("-m", f"hydra/launcher={launcher}", "experiment=all_to_all", "debug=quick", "experiment.communicator=torch",
-            "experiment.ops_per_burst=2,3", timeout=600)
+    args, swept, metric = SWEEPS[launcher]
+    r = k25("-m", f"hydra/launcher={launcher}", *args, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = r.runs()
     parents = [x for x in runs if x.data.tags.get("k25exp.role") == "parent"]
     assert len(parents) == 1
     children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(runs) == 3 and len(children) == 2
-    assert sorted(int(c.data.params["experiment.ops_per_burst"]) for c in children) == [2, 3]
-    assert all(c.info.status == "FINISHED" and "a2a_us" in c.data.metrics for c in children)
+    assert sorted(int(c.data.params[swept]) for c in children) == [2, 3]
+    assert all(c.info.status == "FINISHED" and metric in c.data.metrics for c in children)
     assert parents[0].data.metrics == {"children": 2.0, "failed_children": 0.0}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import make_k25
+from tests.conftest import LIGHT_JOB, make_k25
 
 TOKEN = "hf_k25exp_test_9d2b7c41e0"  # a value no other file contains
 LITERAL = "sk-literal-3c9e5f0a"
@@ -41,8 +41,7 @@ def test_a_token_in_hardware_env_appears_nowhere_the_job_writes(tmp_path, monkey
 
 
 def test_a_device_name_that_does_not_match_is_flagged_on_the_run(k25):
-    r = k25("experiment=allreduce_sweep", "debug=quick", "experiment.communicator=torch",
-            "hardware.device_name=Imaginary Accelerator 9000")
+    r = k25(*LIGHT_JOB, "hardware.device_name=Imaginary Accelerator 9000")
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = r.runs()
     t = run.data.tags

@@ -12,22 +12,18 @@ import time
 from mlflow.tracking import MlflowClient
 
 from k25exp.tracking.sqlite_schema import check_store
+from tests.conftest import LIGHT_JOB, LIGHT_METRIC
 from tests.faults.helpers import start_job
 
 JOBS = 4
-GEMM_JOB = ("experiment=gemm", "model=tiny_kimi", "experiment.shapes=[expert_down]",
-            "experiment.m_values=[1,2]", "experiment.moe_concurrency=[]", "experiment.calls=2",
-            "experiment.kernels=[torch_bf16]")
-METRIC = "expert_down.tp2/torch_bf16/latency_us"
 
 
 def test_four_jobs_at_once_on_a_fresh_store(tmp_path):
     outputs = tmp_path / "outputs"
     uri = f"sqlite:///{outputs}/mlflow.db"
     t0 = time.perf_counter()
-    # The race is at the store's creation, as each job starts: a GEMM job (no torchrun, ~3 s
-    # of CPU less than a collective one) starts the same way.
-    procs = [start_job(outputs, tmp_path / f"job{i}", *GEMM_JOB) for i in range(JOBS)]
+    # The race is at the store's creation, as each job starts: the lightest job will do.
+    procs = [start_job(outputs, tmp_path / f"job{i}", *LIGHT_JOB) for i in range(JOBS)]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     wall = time.perf_counter() - t0
     print(f"{JOBS} jobs at once on a fresh store: {wall:.1f} s")
@@ -39,5 +35,5 @@ def test_four_jobs_at_once_on_a_fresh_store(tmp_path):
     assert len(runs) == JOBS
     assert {r.info.status for r in runs} == {"FINISHED"}
     for r in runs:
-        assert sorted(m.step for m in c.get_metric_history(r.info.run_id, METRIC)) == [1, 2]
+        assert sorted(m.step for m in c.get_metric_history(r.info.run_id, LIGHT_METRIC)) == [1, 2]
         assert r.data.tags["k25exp.pid"] and r.data.tags["k25exp.host"]

@@ -44,6 +44,12 @@ def test_every_phase_runs_and_the_script_says_where_the_report_is(full):
     assert served and all(r.data.tags.get("vllm.attention_backend") == "CPU_MLA"
                           and r.data.tags.get("vllm.enforce_eager") == "true"
                           and r.data.tags.get("vllm.cudagraph_mode") == "NONE" for r in served)
+    # the campaign's servers ran at TP 2, each rank on its own block of cores (the server log's
+    # header: k25exp's argv and added environment), and none outlived it (campaign_full)
+    log = Path(latest(runs, "macro").data.tags["server.log"]).read_text()
+    header = log.splitlines()[:2]
+    assert "--tensor-parallel-size 2" in header[0] and "VLLM_CPU_OMP_THREADS_BIND=0|1" in header[1]
+    assert sum(f"Worker_TP{r} pid=" in log for r in (0, 1)) == 2  # a worker process per rank
     # the GEMM run kept every timed call, which compare tests medians with
     gemm = latest(runs, "gemm")
     assert "samples.jsonl" in {a.path for a in full[1].list_artifacts(gemm.info.run_id)}

@@ -88,7 +88,8 @@ def test_bad_gemm_configs(override, msg):
 
 def test_gemm_sweep_over_kernels_gives_children(k25):
     r = k25("-m", "experiment=gemm", "experiment.kernels=choice([torch_bf16],[torch_int4])",
-            "experiment.m_values=[1,4]", "experiment.moe_concurrency=[]", "experiment.calls=3",
+            "experiment.m_values=[1,4]", "experiment.moe_concurrency=[1]", "experiment.calls=3",
+            "experiment.moe_batches=[]",  # the MoE layer (vLLM's fused MoE): tests/gemm/test_moe.py
             "experiment.shapes=[expert_down]")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = r.runs()

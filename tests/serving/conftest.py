@@ -27,7 +27,11 @@ def vllm(tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm")
     overrides = ["experiment=macro", f"server.port={server.free_port()}",
                  f"server.api_key_env={API_KEY_ENV}", f"server.log_dir={logs}",
-                 "server.max_model_len=512", "server.enforce_eager=true"]  # starts 12 s sooner
+                 "server.max_model_len=512", "server.enforce_eager=true",  # starts 12 s sooner
+                 # TP 1: two processes to start instead of four, and no TP workers busy-polling
+                 # the cores the client needs. The TP 2 launch (split CPUs, a worker per rank,
+                 # the tree stopped whole) is checked on the session campaign's servers.
+                 "server.tp=1"]
     cfg = to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
     conn = server.connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device)
     yield {"overrides": overrides, "conn": conn, "cfg": cfg}

@@ -9,7 +9,7 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT
+from tests.conftest import LIGHT_JOB, LIGHT_METRIC, ROOT
 
 
 def sync(*args):
@@ -23,8 +23,7 @@ def all_runs(uri):
 
 
 def test_offline_multirun_synced_twice_appears_once(k25, tmp_path):
-    r = k25("-m", "tracking=offline", "experiment=nccl_burst", "debug=quick", "experiment.tokens=1,8",
-            "experiment.ops_per_step=122", "experiment.communicator=torch")
+    r = k25("-m", "tracking=offline", *LIGHT_JOB, "experiment.calls=2,3")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (r.outputs / "mlflow.db").exists()  # nothing reached a store
     (sweep,) = r.outputs.glob("multiruns/*/*")
@@ -38,13 +37,14 @@ def test_offline_multirun_synced_twice_appears_once(k25, tmp_path):
     assert len(runs) == 3 and len(children) == 2
     assert parent.data.metrics == {"children": 2.0, "failed_children": 0.0}
     for ch in children:
-        assert ch.info.status == "FINISHED" and "burst_ms" in ch.data.metrics
-        assert ch.data.params["experiment.ops_per_step"] == "122"  # set by the test's overrides
+        assert ch.info.status == "FINISHED" and LIGHT_METRIC in ch.data.metrics
+        assert ch.data.params["model.name"] == "tiny_kimi"  # set by the test's overrides
+        assert sorted(m.step for m in c.get_metric_history(ch.info.run_id, LIGHT_METRIC)) == [1, 2]
         arts = {a.path for a in c.list_artifacts(ch.info.run_id)}
-        assert {"config.resolved.yaml", "raw", "results.csv"} <= arts
+        assert {"config.resolved.yaml", "samples.jsonl", "results.csv"} <= arts
         assert not arts & {"offline_run.json", "offline_metrics.jsonl"}
         assert ch.info.start_time < ch.info.end_time
-    assert sorted(int(ch.data.params["experiment.tokens"]) for ch in children) == [1, 8]
+    assert sorted(int(ch.data.params["experiment.calls"]) for ch in children) == [2, 3]
 
     again = sync(sweep, "--uri", uri)
     assert "0 uploaded, 3 already there" in again.stdout
@@ -61,15 +61,14 @@ def test_unreachable_server_falls_back_to_offline(k25, tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = k25("experiment=nccl_burst", "debug=quick", f"tracking.uri=http://127.0.0.1:{port}", "experiment.communicator=torch",
-            "tracking.connect_timeout_s=2")
+    r = k25(*LIGHT_JOB, f"tracking.uri=http://127.0.0.1:{port}", "tracking.connect_timeout_s=2")
     assert r.returncode == 0, r.stderr[-3000:]
     (folder,) = [p.parent for p in r.outputs.glob("runs/*/*/offline_run.json")]
     uri = f"sqlite:///{tmp_path}/later.db"
     assert "1 uploaded" in sync(folder, "--uri", uri).stdout
     (run,) = all_runs(uri)[1]
     assert f"127.0.0.1:{port} unreachable" in run.data.tags["k25exp.offline_reason"]
-    assert "burst_ms" in run.data.metrics
+    assert LIGHT_METRIC in run.data.metrics
 
 
 def test_sync_refuses_a_missing_folder(tmp_path):
