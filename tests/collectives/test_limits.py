@@ -17,10 +17,9 @@ from tests.conftest import compose_cfg
 
 def test_a_sweep_longer_than_the_process_group_timeout_is_not_killed(tmp_path):
     # ~3.5 s of collectives (on a 2-core box) against a 2 s process-group timeout: each op is
-    # quick, so nothing times out, and nothing else limits the job (no wall-clock limit). The
-    # timeout runs from each op's issue, so bursts stay short (4 ops of 64 KiB): a burst of
-    # 20 × 2 MiB on a loaded machine outlasted it. A 1 s timeout was within reach of a rank
-    # descheduled on a loaded machine.
+    # quick, so nothing times out, and nothing else limits the job (no wall-clock limit).
+    # Bursts stay short (4 ops of 64 KiB): bursts of 20 × 1-2 MiB under a 1-2 s timeout ended
+    # in gloo's "Application timeout" on a loaded 2-core machine.
     pts = [Point(label=i, numel=1 << 14, burst=4, reps=300, blocking_iters=50) for i in range(6)]
     spec = CollectiveSpec(op="all_reduce", dtype="float32", device="cpu", backend="gloo",
                           points=pts, warmup=1, pg_timeout_s=2.0)
