@@ -248,6 +248,26 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+# How long ranks may take to start, one after another (imports on a loaded machine); a rank
+# that never starts is torchrun's to report (it exits), or experiment.wall_limit_s's.
+RANKS_START_S = 600.0
+
+
+def wait_for_every_rank(rank: int, world: int) -> None:
+    """Returns once every rank has started, through torchrun's own store (MASTER_ADDR/PORT).
+
+    init_process_group waits for the other ranks under the process group's timeout
+    (experiment.pg_timeout_s), which is meant for one collective waiting for its peers: on a
+    loaded 2-core box a rank started 3 s after its peer and a 3 s timeout failed the job there.
+    """
+    if world == 1 or "MASTER_ADDR" not in os.environ:
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=RANKS_START_S))
+    store.set(f"k25exp/started/{rank}", "1")
+    store.wait([f"k25exp/started/{r}" for r in range(world)])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -262,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    wait_for_every_rank(rank, world)
     if spec.communicator == "vllm":  # vLLM's init creates the process group itself
         comm = make_comm("vllm", rank, world, local_rank, spec.backend)
     else:
