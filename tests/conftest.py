@@ -60,8 +60,7 @@ def pytest_collection_modifyitems(config, items):
 # only. No torchrun and no vLLM import: ~5 s of CPU, half a collective job's.
 LIGHT_JOB = ("experiment=gemm", "model=tiny_kimi", "experiment.shapes=[expert_down]",
              "experiment.m_values=[1,2]", "experiment.moe_concurrency=[]", "experiment.moe_batches=[]",
-             "experiment.calls=2",
-             "experiment.kernels=[torch_bf16]")
+             "experiment.calls=2", "experiment.kernels=[torch_bf16]")
 LIGHT_METRIC = "expert_down.tp2/torch_bf16/latency_us"  # logged at step = m (1, 2)
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 
-import psutil
-
 from k25exp.poll import wait_until
-from k25exp.tracking.recover import names_folder
 from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recover, start_job
-from tests.serving.helpers import fake_model, fake_overrides
+from tests.serving.helpers import fake_marks, fake_model, fake_overrides, vllm_processes
 
 
 # Its orphan check looks only at this test's fake servers, so it runs beside the servers
@@ -24,15 +21,9 @@ from tests.serving.helpers import fake_model, fake_overrides
 
 
 def fake_servers_of(folder) -> list[int]:
-    """Live fake-server processes started for this test (their --model is under `folder`;
-    other tests on this machine may run fake servers of their own)."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
-        if (p.info["status"] != psutil.STATUS_ZOMBIE and any("fake_vllm_server" in a for a in cmd)
-                and names_folder(cmd, folder)):
-            found.append(p.pid)
-    return found
+    """Live fake-server processes started for this test (serving folder/model; other tests on
+    this machine may run fake servers of their own)."""
+    return [pid for pid, _ in vllm_processes(marks=fake_marks(folder / "model"))]
 
 
 def _sweep_level_written(path) -> bool:

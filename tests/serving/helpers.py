@@ -11,13 +11,12 @@ from k25exp.poll import wait_until
 from k25exp.serving import server
 
 VLLM_MARKS = ("vllm.entrypoints", "VLLM::")  # API server, engine core, TP workers
-FAKE_MARKS = ("fake_vllm_server",)
 FAKE_ENTRYPOINT = "server.entrypoint=[-m,tests.serving.fake_vllm_server]"
 
 
 def vllm_processes(exclude: set[int] = frozenset(),
                    marks: tuple[str, ...] = VLLM_MARKS) -> list[tuple[int, str]]:
-    """Live processes that belong to a server (vLLM's by default, the fake's with FAKE_MARKS)."""
+    """Live processes that belong to a server (vLLM's by default; one fake server's with fake_marks)."""
     found = []
     for p in psutil.process_iter(["name", "cmdline", "status"]):
         if p.pid in exclude or p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
