@@ -33,6 +33,8 @@ def _cuda() -> bool:
 
 # Fixtures that start a real vLLM server: their tests run in one xdist worker, in order.
 VLLM_SERVER_FIXTURES = {"vllm", "campaign_full"}
+# Fixtures that start processes end to end (a k25exp job, a server): their tests are `e2e`.
+E2E_FIXTURES = {"k25", *VLLM_SERVER_FIXTURES}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marker
@@ -41,13 +43,17 @@ def pytest_collection_modifyitems(config, items):
     servers are reused by launch key within a process, their orphan checks look at every vLLM
     process on the machine, and two at once would compete for the same two cores. Each module
     of fake-server tests runs in a worker of its own choosing (its orphan checks look only at
-    its own model folder), beside the vLLM worker. `cuda` tests need a GPU: here they skip,
+    its own model folder), beside the vLLM worker. Tests that use a process-starting fixture
+    or the fake server are `e2e`, as are those marked so by hand. `cuda` tests need a GPU: here they skip,
     saying so; on a GPU box (`pytest -m cuda`) they all run, and a missing optional kernel is
     an xfail with its reason."""
     skip = None if _cuda() else pytest.mark.skip(
         reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU box)")
     for item in items:
-        if VLLM_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if E2E_FIXTURES & fixtures or "fake_server" in item.keywords:
+            item.add_marker(pytest.mark.e2e)
+        if VLLM_SERVER_FIXTURES & fixtures:
             item.add_marker(pytest.mark.xdist_group("servers"))
         elif "fake_server" in item.keywords:
             item.add_marker(pytest.mark.xdist_group(f"fake:{item.module.__name__}"))

@@ -10,6 +10,7 @@ import sys
 
 import httpx
 import psutil
+import pytest
 
 from k25exp.poll import wait_until
 from tests.compare.browser import Chromium, chromium_path
@@ -22,6 +23,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path):
     """`k25exp ui` on a store with a macro run: the link it prints opens MLflow's runs table
     (in Chromium, where installed) with the macro headline figures as its metric columns, in

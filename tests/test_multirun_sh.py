@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 
 def test_campaign_runs_phases_and_reports_failures(tmp_path):

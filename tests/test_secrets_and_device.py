@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import LIGHT_JOB, make_k25
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 TOKEN = "hf_k25exp_test_9d2b7c41e0"  # a value no other file contains
 LITERAL = "sk-literal-3c9e5f0a"

@@ -166,7 +166,7 @@ class StubServer:
         if self.ttft_s:
             await writer.drain()
             await asyncio.sleep(self.ttft_s)
-        i = 0
+        i, due = 0, None
         while i < n:
             if "malformed" in prompt and i == n // 2:
                 writer.write(_chunk(b'{"choices": [{"text": "oops"'))
@@ -184,6 +184,7 @@ class StubServer:
                 writes.extend([time.perf_counter()] * k)  # stamped before the bytes can arrive
                 writer.write(data)
                 i += k
+                due = None  # the pace starts again from the release
             else:
                 data = token(i)
                 writes.append(time.perf_counter())
@@ -191,7 +192,10 @@ class StubServer:
                 i += 1
             await writer.drain()  # raises once the client has gone
             if gap_s and i < n:
-                await asyncio.sleep(gap_s)
+                # Paced on a schedule, not sleep after sleep: a late wake-up (a loaded machine)
+                # shortens the next gap instead of adding up, so TPOT is the gap.
+                due = (writes[-1] if due is None else due) + gap_s
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
         writer.write(_chunk({"choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": n,
                                                       "total_tokens": pt + n}}))
         writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")

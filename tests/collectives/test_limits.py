@@ -20,6 +20,7 @@ from tests.conftest import compose_cfg
 # phase ran beside it, past 8 s mid-sweep; no run alone shows it. Such a failure is rerun
 # (twice, 20 s apart, to let a burst of load pass); a misapplied timeout fails every attempt,
 # and torchrun's wall-clock kill is not rerun.
+@pytest.mark.e2e
 @pytest.mark.flaky(reruns=2, reruns_delay=20, only_rerun=["Timed out waiting", "Application timeout"])
 def test_a_sweep_longer_than_the_process_group_timeout_is_not_killed(tmp_path):
     # 4,000 bursts of 4 ops of 64 KiB (2 ranks) against a 3 s timeout: each op is quick, so
@@ -37,6 +38,7 @@ def test_a_sweep_longer_than_the_process_group_timeout_is_not_killed(tmp_path):
     assert measured_s > 3.0, f"the sweep should outlast the 3 s timeout; measured {measured_s:.2f} s"
 
 
+@pytest.mark.e2e
 def test_the_wall_clock_limit_kills_the_job_and_names_its_key(tmp_path):
     cfg = to_typed(compose_cfg("experiment=allreduce_sweep", "experiment.communicator=torch",
                                "experiment.wall_limit_s=0.5"), gpu_count=lambda: 0)

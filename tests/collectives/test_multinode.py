@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
+
 
 def _free_port() -> int:
     with socket.socket() as s:

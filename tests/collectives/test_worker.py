@@ -17,6 +17,7 @@ def spec(op, numels, **kw):
                           points=pts, warmup=1, pg_timeout_s=120, **kw)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_real_collectives_check_exactly_and_record_every_sample(tmp_path, op, dtype):
@@ -33,6 +34,7 @@ def test_real_collectives_check_exactly_and_record_every_sample(tmp_path, op, dt
         assert p.nbytes == p.numel * (2 if dtype == "bfloat16" else 1)
 
 
+@pytest.mark.e2e
 def test_corrupted_result_is_caught_on_the_right_rank(tmp_path):
     out = launch(spec("all_reduce", [64, 128], fault_corrupt_rank=1), TOPO, tmp_path, wall_limit_s=120)
     assert out.returncode != 0
@@ -43,6 +45,7 @@ def test_corrupted_result_is_caught_on_the_right_rank(tmp_path):
              "wrong_op": "all_reduce", "wrong_bytes": 128}]  # 1 × (1 + 2), plus 1
 
 
+@pytest.mark.e2e
 def test_dead_rank_keeps_finished_points(tmp_path):
     out = launch(spec("all_reduce", [8, 16, 32], fault_kill_rank=1, fault_at_point=2), TOPO,
                  tmp_path, wall_limit_s=120)
@@ -60,12 +63,14 @@ def test_multinode_argv_uses_rendezvous():
     assert "--standalone" in torchrun_argv(TOPO, "s.json", "out")
 
 
+@pytest.mark.e2e
 def test_hardware_env_reaches_every_rank(tmp_path):
     topo = Topology(nproc_per_node=2, env={"NCCL_P2P_DISABLE": "1"})
     assert launch(spec("all_reduce", [8]), topo, tmp_path, wall_limit_s=120).ok
     assert [e["nccl_env"].get("NCCL_P2P_DISABLE") for e in read_rank_files(tmp_path).env] == ["1", "1"]
 
 
+@pytest.mark.e2e
 @pytest.mark.cuda
 def test_nccl_step_burst_eager_and_graph_on_one_gpu(tmp_path):
     """Kimi-K2's decode-step collectives at TP 8 sizes (124 ops), NCCL on one GPU, queued and

@@ -25,7 +25,7 @@ from tests.serving.helpers import FAKE_ENTRYPOINT, fake_marks, fake_model, orpha
 # Its fake servers serve this module's own model folder and its orphan check looks only at
 # those, so it runs beside the servers worker rather than in it.
 # One worker runs the module: its store fixture (four macro jobs) would run again in another.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("compare")]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.xdist_group("compare")]
 
 MACRO = ["experiment=macro", FAKE_ENTRYPOINT, "server.port=0", "server.ready_timeout_s=30",
          "server.stop_timeout_s=5", "experiment.input_tokens=16", "experiment.output_tokens=5",

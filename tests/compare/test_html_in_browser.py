@@ -14,9 +14,9 @@ from k25exp.report.figures import Figure, Section
 from k25exp.report.sources import Campaign, RunView
 from tests.compare.browser import Chromium, chromium_path
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     chromium_path() is None,
-    reason="needs Chromium (Debian: apt-get install -y chromium) to load the pages headless")
+    reason="needs Chromium (Debian: apt-get install -y chromium) to load the pages headless")]
 
 
 UI = "http://127.0.0.1:5000"

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from k25exp.tracking.sqlite_schema import check_store
 from tests.conftest import LIGHT_JOB, LIGHT_METRIC
 from tests.faults.helpers import start_job
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 JOBS = 4
 

@@ -13,8 +13,12 @@ from __future__ import annotations
 import resource
 import sqlite3
 
+import pytest
+
 from k25exp.tracking.mlflow_store import MlflowStore
 from tests.faults.helpers import artifact_paths, only_run, recover, start_job
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 # Room for the run's row and tags (a few pages), not for its ~300 params.
 GROWTH = 16 * 1024

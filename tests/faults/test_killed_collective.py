@@ -16,12 +16,15 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from k25exp.collectives.results import read_rank_files
 from k25exp.tracking.mlflow_store import MlflowStore
 from k25exp.tracking.recover import names_folder, recover_stale, stop_leftovers
 from tests.conftest import ROOT
 from tests.faults.helpers import artifact_paths, env, kill_job_when, only_run, start_job
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 
 def _has_point(path) -> bool:

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from k25exp.poll import wait_until
 from tests.faults.helpers import artifact_paths, kill_job_when, only_run, recover, start_job
 from tests.serving.helpers import fake_marks, fake_model, fake_overrides, vllm_processes
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 
 # Its orphan check looks only at this test's fake servers, so it runs beside the servers

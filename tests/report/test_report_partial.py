@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import ROOT, run_campaign
 from tests.report.test_report_campaign import latest
 
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
+
 
 def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
     c = run_campaign(tmp_path, "c-partial", "debug=quick", "server.port=0", "nccl_burst:experiment.tokens=1",

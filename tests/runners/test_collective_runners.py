@@ -40,6 +40,7 @@ def one(rec, key, step=None):
     return rec.latest(key)[step]
 
 
+@pytest.mark.e2e
 def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
     # the seed campaign's burst (122 all-reduces of the layer message) through c10d
     cfg, rec, _ = run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.tokens=2",
@@ -64,6 +65,7 @@ def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
     assert (tmp_path / "plots" / "op_latency_hist.png").stat().st_size > 1000
 
 
+@pytest.mark.e2e
 def test_allreduce_sweep_logs_each_size_as_a_step(tmp_path):
     _, rec, summary = run(tmp_path, "experiment=allreduce_sweep", "debug=quick",
                           "experiment.min_bytes=1024", "experiment.factor=4",
@@ -84,6 +86,7 @@ def test_sizes_round_to_whole_elements():
     assert sizes(3, 40, 3, 2) == [2, 8, 26]  # 3, 9, 27 rounded down to bf16 elements
 
 
+@pytest.mark.e2e
 def test_all_to_all_knee_and_per_token_figures(tmp_path):
     cfg, rec, summary = run(tmp_path, "experiment=all_to_all", "experiment.warmup=1",
                             "experiment.ops_per_burst=3", "experiment.bursts=2",
@@ -106,6 +109,7 @@ def test_all_to_all_knee_and_per_token_figures(tmp_path):
         assert rec.tags["knee"] == str(knee)
 
 
+@pytest.mark.e2e
 def test_failed_run_logs_finished_points_then_raises(tmp_path):
     rec = MemoryRecorder()
     with pytest.raises(CollectiveFailed, match=r"rank 1 died at point 2 \(injected fault\); 2 of 3"):
@@ -115,12 +119,14 @@ def test_failed_run_logs_finished_points_then_raises(tmp_path):
     assert len(list(csv.DictReader(open(tmp_path / "results.csv")))) == 2
 
 
+@pytest.mark.e2e
 def test_wrong_result_fails_naming_rank_and_size(tmp_path):
     with pytest.raises(CollectiveFailed, match=r"wrong all_reduce result on rank 0 at 14336 B"):
         run(tmp_path, "experiment=nccl_burst", "debug=quick", "experiment.fault.corrupt_rank=0",
             "experiment.communicator=torch")  # vLLM's communicator: test_step_collectives_through_...
 
 
+@pytest.mark.e2e
 @pytest.mark.vllm  # vLLM in every rank
 def test_step_collectives_through_vllms_own_communicator(tmp_path):
     """vLLM's TP communicator on 2 CPU ranks (the CPU build's shared-memory all-reduce, the

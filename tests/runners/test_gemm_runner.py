@@ -107,6 +107,7 @@ def test_bad_extra_shape():
         typed("experiment=gemm", "+experiment.extra_shapes.x={n: 0, k: 8}")
 
 
+@pytest.mark.e2e
 def test_unquantized_model_skips_w4a16_kernels_saying_why(tmp_path):
     cfg = typed("experiment=gemm", "model=tiny_kimi", "experiment.m_values=[1]",
                 "experiment.moe_concurrency=[]", "experiment.calls=2", "experiment.warmup=0",

@@ -138,6 +138,7 @@ def test_profile_needs_a_profiler_config():
                              "server.base_url=http://127.0.0.1:1"), gpu_count=lambda: 0)
 
 
+@pytest.mark.e2e
 def test_analyze_cli_names_a_bad_file(tmp_path):
     bad = tmp_path / "rank0.pt.trace.json.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00truncated")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from omegaconf import OmegaConf
+import pytest
 from safetensors import safe_open
 
 from k25exp.serving import tiny_model
@@ -60,6 +61,7 @@ def test_checkpoint_is_kimi_shaped(tmp_path):
     assert tok.decode(ids, skip_special_tokens=True) == "Sha kou tren lai."
 
 
+@pytest.mark.e2e
 def test_ensure_reuses_the_cache_and_the_cli_prints_the_folder(tmp_path):
     m = small_model()
     path, made = tiny_model.ensure(m, 0, tmp_path)

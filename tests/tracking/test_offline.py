@@ -7,9 +7,12 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import LIGHT_JOB, LIGHT_METRIC, ROOT
+
+pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 
 def sync(*args):
