@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -129,6 +130,33 @@ def seed_store(folder: Path) -> None:
         shutil.copy(pristine_store(), folder / "mlflow.db")
 
 
+@functools.lru_cache(maxsize=1)
+def warm_python() -> str:
+    """A `python` for test jobs: runs `-m MODULE ARGS` in a fork of a warm interpreter
+    (tests/warm_python.py, one server per test process; a job starts ~2 s sooner), or this
+    interpreter itself with K25EXP_TEST_COLD=1. An executable file, so that multirun.sh can
+    take it as $PYTHON."""
+    if os.environ.get("K25EXP_TEST_COLD") == "1":
+        return sys.executable
+    from k25exp.poll import wait_until
+
+    folder = Path(tempfile.mkdtemp(prefix="k25exp-warm-"))
+    sock = folder / "socket"
+    server = subprocess.Popen([sys.executable, "-m", "tests.warm_python", "--serve", str(sock)],
+                              cwd=ROOT, env=job_env(), stdin=subprocess.DEVNULL,
+                              stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    atexit.register(server.kill)
+    wait_until(lambda: sock.exists() or server.poll() is not None, 300, 0.05, "warm python server")
+    assert server.poll() is None, (folder / "server.log").read_text()[-3000:]
+    exe = folder / "python"
+    client = ROOT / "tests" / "warm_python.py"  # as a script: it imports nothing of the project
+    exe.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(client))} "
+                   f'{shlex.quote(str(sock))} "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
 def make_k25(tmp_path: Path):
     """k25's runner for any folder (module-scoped fixtures use it with their own folder)."""
     outputs = tmp_path / "outputs"
@@ -139,7 +167,7 @@ def make_k25(tmp_path: Path):
         """seed=False: no store is put there first (a test that checks none is created)."""
         if seed and not any(a.startswith(("tracking=", "tracking.uri=")) for a in args):
             seed_store(outputs)  # the default tracking: the local store under outputs
-        p = subprocess.run([sys.executable, "-m", "k25exp", *args, f"paths.outputs={outputs}"],
+        p = subprocess.run([warm_python(), "-m", "k25exp", *args, f"paths.outputs={outputs}"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         return CliResult(p.returncode, p.stdout, p.stderr, outputs, uri)
 
@@ -196,7 +224,7 @@ def run_campaign(tmp: Path, name: str, *args: str, phases: str | None = None,
                  timeout: float = 1800) -> Campaign:
     uri = f"sqlite:///{tmp}/mlflow.db"
     seed_store(tmp)
-    env = job_env(MLFLOW_TRACKING_URI=uri, K25EXP_CAMPAIGN=name, PYTHON=sys.executable)
+    env = job_env(MLFLOW_TRACKING_URI=uri, K25EXP_CAMPAIGN=name, PYTHON=warm_python())
     env.pop("PHASES", None)
     if phases:
         env["PHASES"] = phases

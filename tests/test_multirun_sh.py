@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, warm_python
 
 pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers
 def test_campaign_runs_phases_and_reports_failures(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": "c-test",
-           "PYTHON": sys.executable, "PHASES": "bogus all_to_all"}
+           "PYTHON": warm_python(), "PHASES": "bogus all_to_all"}
     p = subprocess.run(["./multirun.sh", "debug=quick", f"paths.outputs={tmp_path}"], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1  # the unknown phase failed ...
@@ -30,7 +29,7 @@ def test_campaign_runs_phases_and_reports_failures(tmp_path):
 
 
 def test_a_mistyped_phase_prefix_stops_before_anything_runs(tmp_path):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHON": sys.executable}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHON": warm_python()}
     p = subprocess.run(["./multirun.sh", "specdecode:experiment.num_speculative_tokens=5",
                         f"paths.outputs={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=60)
@@ -43,7 +42,7 @@ def test_a_phase_override_replaces_that_phase_s_own_sweep_of_the_key(tmp_path):
     # value: a job, where the phase's own sweep would have run three)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": "c-sweep",
-           "PYTHON": sys.executable, "PHASES": "nccl_burst"}
+           "PYTHON": warm_python(), "PHASES": "nccl_burst"}
     p = subprocess.run(["./multirun.sh", "debug=quick", "experiment.communicator=torch",
                         "nccl_burst:experiment.tokens=2", f"paths.outputs={tmp_path}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

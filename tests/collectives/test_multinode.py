@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, warm_python
 
 pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
@@ -26,7 +25,7 @@ def test_two_agents_two_nodes(tmp_path, experiment):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "k25exp", f"experiment={experiment}", "debug=quick",
+        [warm_python(), "-m", "k25exp", f"experiment={experiment}", "debug=quick",
          "hardware.nnodes=2", "hardware.nproc_per_node=1", f"hardware.node_rank={node}",
          f"hardware.rdzv_endpoint=127.0.0.1:{port}", f"paths.outputs={tmp_path / f'node{node}'}",
          f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],

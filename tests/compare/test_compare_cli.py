@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import ROOT, job_env, make_k25
+from tests.conftest import ROOT, job_env, make_k25, warm_python
 from tests.serving.helpers import FAKE_ENTRYPOINT, fake_marks, fake_model, orphans
 
 # Its fake servers serve this module's own model folder and its orphan check looks only at
@@ -86,7 +86,7 @@ def compare(uri, tmp, *args, subprocess_cli=True):
     out = tmp / "cmp" / "_".join(a[:6] for a in args if not a.startswith("-"))
     argv = ["compare", *args, "--uri", uri, "--out", str(out)]
     if subprocess_cli:
-        p = subprocess.run([sys.executable, "-m", "k25exp", *argv], cwd=ROOT, capture_output=True,
+        p = subprocess.run([warm_python(), "-m", "k25exp", *argv], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
     else:
         p = _in_process(argv)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_campaign
+from tests.conftest import ROOT, run_campaign, warm_python
 from tests.report.test_report_campaign import latest
 
 pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
@@ -38,7 +37,7 @@ def test_a_failed_phase_is_named_and_the_rest_still_reported(tmp_path):
     # without a campaign id the report takes the store's latest campaign
     env = {k: v for k, v in os.environ.items() if k != "K25EXP_CAMPAIGN"}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path}/mlflow.db"
-    again = subprocess.run([sys.executable, "-m", "k25exp", "experiment=report", f"paths.outputs={tmp_path}"],
+    again = subprocess.run([warm_python(), "-m", "k25exp", "experiment=report", f"paths.outputs={tmp_path}"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "campaign c-partial: " in again.stdout

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.traces import analyze, load_rules
-from tests.conftest import PROFILE_OUT, ROOT, compose_cfg
+from tests.conftest import PROFILE_OUT, ROOT, compose_cfg, warm_python
 
 
 class Logged:
@@ -122,7 +121,7 @@ def _comm_calls_us(path) -> list[float]:
 @pytest.mark.vllm
 def test_analyze_cli_on_the_real_traces_agrees(profiled):
     metrics, _, out, _ = profiled
-    r = subprocess.run([sys.executable, "-m", "k25exp", "analyze", "--json", str(out / "traces")],
+    r = subprocess.run([warm_python(), "-m", "k25exp", "analyze", "--json", str(out / "traces")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)["metrics"]
@@ -142,7 +141,7 @@ def test_profile_needs_a_profiler_config():
 def test_analyze_cli_names_a_bad_file(tmp_path):
     bad = tmp_path / "rank0.pt.trace.json.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00truncated")
-    r = subprocess.run([sys.executable, "-m", "k25exp", "analyze", str(bad)], cwd=ROOT,
+    r = subprocess.run([warm_python(), "-m", "k25exp", "analyze", str(bad)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and str(bad) in r.stderr
 

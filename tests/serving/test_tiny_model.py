@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 
 from omegaconf import OmegaConf
 import pytest
@@ -13,7 +12,7 @@ from safetensors import safe_open
 
 from k25exp.serving import tiny_model
 from k25exp.serving.prompts import load_tokenizer
-from tests.conftest import ROOT, compose_cfg
+from tests.conftest import ROOT, compose_cfg, warm_python
 
 SMALL = ["model=tiny_kimi", "model.num_hidden_layers=2", "model.n_routed_experts=4",
          "model.num_experts_per_tok=2", "model.vocab_size=1024"]
@@ -67,7 +66,7 @@ def test_ensure_reuses_the_cache_and_the_cli_prints_the_folder(tmp_path):
     path, made = tiny_model.ensure(m, 0, tmp_path)
     assert made and path.name == f"tiny_kimi-{tiny_model.model_hash(m, 0)}"
     assert tiny_model.ensure(m, 0, tmp_path) == (path, False)
-    r = subprocess.run([sys.executable, "-m", "k25exp", "make-model", *SMALL,
+    r = subprocess.run([warm_python(), "-m", "k25exp", "make-model", *SMALL,
                         f"server.model_cache={tmp_path}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -10,13 +10,13 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import LIGHT_JOB, LIGHT_METRIC, ROOT
+from tests.conftest import LIGHT_JOB, LIGHT_METRIC, ROOT, warm_python
 
 pytestmark = pytest.mark.e2e  # starts processes end to end (pyproject's markers)
 
 
 def sync(*args):
-    return subprocess.run([sys.executable, "-m", "k25exp", "sync", *map(str, args)], cwd=ROOT,
+    return subprocess.run([warm_python(), "-m", "k25exp", "sync", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 
