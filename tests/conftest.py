@@ -157,6 +157,15 @@ def warm_python() -> str:
     return str(exe)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_ranks():
+    """torchrun and its ranks, in every job and launch the tests start, run on the warm
+    interpreter too (K25EXP_PYTHON; the fault tests keep them cold)."""
+    if os.environ.get("K25EXP_TEST_COLD") != "1":
+        os.environ["K25EXP_PYTHON"] = warm_python()
+    yield
+
+
 def make_k25(tmp_path: Path):
     """k25's runner for any folder (module-scoped fixtures use it with their own folder)."""
     outputs = tmp_path / "outputs"

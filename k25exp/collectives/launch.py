@@ -47,8 +47,16 @@ class LaunchOutcome:
         return self.returncode == 0
 
 
+def rank_python() -> str:
+    """The Python torchrun and its ranks run with: $K25EXP_PYTHON (an interpreter or a
+    wrapper script taking Python's arguments, such as the tests' warm interpreter), else this
+    one."""
+    return os.environ.get("K25EXP_PYTHON") or sys.executable
+
+
 def torchrun_argv(topo: Topology, spec_path: Path, out_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run",
+    python = rank_python()
+    argv = [python, "-m", "torch.distributed.run",
             f"--nproc-per-node={topo.nproc_per_node}", "--max-restarts=0"]
     if topo.nnodes == 1 and not topo.rdzv_endpoint:
         argv.append("--standalone")  # picks a free port itself: parallel jobs don't clash
@@ -61,7 +69,8 @@ def torchrun_argv(topo: Topology, spec_path: Path, out_dir: Path) -> list[str]:
         # rank 0 before anything starts (an elastic c10d rendezvous assigns them by arrival).
         argv += [f"--nnodes={topo.nnodes}", f"--node-rank={topo.node_rank}",
                  f"--master-addr={host}", f"--master-port={port}"]
-    argv += ["-m", "k25exp.collectives.worker", str(spec_path), str(out_dir)]
+    # --no-python: each rank is exactly this command (torchrun would run its own interpreter)
+    argv += ["--no-python", python, "-m", "k25exp.collectives.worker", str(spec_path), str(out_dir)]
     return argv
 
 

@@ -12,17 +12,25 @@ from typing import Callable
 from mlflow.tracking import MlflowClient
 
 from k25exp.poll import wait_until
-from tests.conftest import ROOT, job_env
+from tests.conftest import ROOT, job_env, warm_python
 
 
-env = job_env
+def env() -> dict[str, str]:
+    """A job's environment, cold throughout: the process is what these tests are about, so
+    torchrun and its ranks start fresh interpreters too (no K25EXP_PYTHON)."""
+    e = job_env()
+    e.pop("K25EXP_PYTHON", None)
+    return e
 
 
-def start_job(outputs: Path, run_dir: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
+def start_job(outputs: Path, run_dir: Path, *args: str, preexec_fn=None,
+              warm: bool = False) -> subprocess.Popen:
     """`python -m k25exp ARGS` in a session of its own (so its whole group can be killed),
-    its store under `outputs`, its run folder `run_dir`."""
+    its store under `outputs`, its run folder `run_dir`; warm: forked from the warm
+    interpreter (for a test about several jobs at once, not about one job's process)."""
+    python = warm_python() if warm else sys.executable
     return subprocess.Popen(
-        [sys.executable, "-m", "k25exp", *args, f"paths.outputs={outputs}", f"hydra.run.dir={run_dir}"],
+        [python, "-m", "k25exp", *args, f"paths.outputs={outputs}", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=preexec_fn is None, preexec_fn=preexec_fn)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import os
 import subprocess
 import sys
 
@@ -84,7 +85,9 @@ def test_offline_job_runs_where_mlflow_is_not_installed(tmp_path):
     code = ("import sys, runpy; sys.modules['mlflow'] = None; "
             f"sys.argv = ['k25exp', 'experiment=nccl_burst', 'debug=quick', 'tracking=offline', 'experiment.communicator=torch', "
             f"'paths.outputs={tmp_path}']; runpy.run_module('k25exp', run_name='__main__')")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    cold = {k: v for k, v in os.environ.items() if k != "K25EXP_PYTHON"}  # its ranks too
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=cold, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     (run,) = [f.parent for f in tmp_path.glob("runs/*/*/offline_run.json")]
     assert "experiment.ops_per_step" in (run / "offline_run.json").read_text()
