@@ -12,13 +12,14 @@ itself is imported in the fork, never in the server, so its import-time code run
 It ends as the interpreter ends (threads joined, atexit handlers, streams flushed) without
 tearing the preloaded modules down. The
 client hands the job its own stdin, stdout and stderr (the file descriptors themselves), its
-working directory and environment, forwards SIGINT and SIGTERM, and exits with the job's code;
+working directory, environment and CPU affinity (`taskset -c 0` pins the job), forwards
+SIGINT and SIGTERM, and exits with the job's code;
 if the client dies, the job is killed. What differs from a fresh interpreter: the preloaded
 libraries read their import-time environment once, in the server (none that k25exp's tests set
 per job), and numpy's global random state is the server's (k25exp seeds its own generators).
 The tests also give it to k25exp as $K25EXP_PYTHON, the Python torchrun and its ranks run
 with: a collective job then starts no cold interpreter at all. Tests whose subject is the
-process itself (signals, kills, process groups, CPU affinity) start fresh interpreters instead.
+process itself (signals, kills, process groups, resource limits) start fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ import sys
 import threading
 import traceback
 
-PRELOAD = ("torch", "mlflow", "mlflow.tracking", "hydra", "omegaconf", "numpy", "httpx",
-           "matplotlib", "transformers")
+# What k25exp's jobs import, heaviest first: torch; MLflow's client and SQL store; the
+# tokenizer classes (AutoTokenizer alone pulls in transformers' generation code and sklearn,
+# ~4 s of a macro job); pyplot with the Agg backend k25exp picks itself (k25exp/plots.py).
+PRELOAD = ("torch", "torch.distributed", "mlflow", "mlflow.tracking",
+           "mlflow.store.tracking.sqlalchemy_store", "hydra", "omegaconf", "numpy", "httpx",
+           "transformers", "transformers.models.auto.tokenization_auto", "matplotlib")
 
 
 def _send(conn: socket.socket, text: str) -> None:
@@ -50,6 +55,7 @@ def _job(req: dict, fds: list[int]) -> None:
         os.close(fd)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.sched_setaffinity(0, req["cpus"])  # as `taskset … python` would have pinned it
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -132,6 +138,9 @@ def serve(path: str) -> None:
             importlib.import_module(name)
         except ImportError:  # a GPU node without MLflow, say: its jobs import what they need
             pass
+    if "matplotlib" in sys.modules:
+        sys.modules["matplotlib"].use("Agg")
+        importlib.import_module("matplotlib.pyplot")
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path + ".tmp")
     srv.listen(16)
@@ -153,7 +162,8 @@ def serve(path: str) -> None:
 def run(path: str, argv: list[str]) -> int:
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(path)
-    body = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    body = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
+                       "cpus": sorted(os.sched_getaffinity(0))}).encode()
     socket.send_fds(conn, [struct.pack("!I", len(body))], [0, 1, 2])
     conn.sendall(body)
     reader = conn.makefile("r")

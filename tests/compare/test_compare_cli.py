@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 from dataclasses import dataclass
 
@@ -50,7 +49,7 @@ def store(tmp_path_factory):
     common = [*MACRO, f"server.model_path={model}", f"server.log_dir={tmp}"]
     sweep = k25("-m", *common, f"+{GAP}={BASE_GAP},{BASE_GAP},{LONG_GAP}")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "k25exp", *common,
+    pinned = subprocess.run(["taskset", "-c", "0", warm_python(), "-m", "k25exp", *common,
                              f"+{GAP}={BASE_GAP}", f"paths.outputs={sweep.outputs}",
                              # only its tags matter: measure little
                              "experiment.single_stream_requests=3", "experiment.concurrency=[1]",

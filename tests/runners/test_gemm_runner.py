@@ -110,8 +110,8 @@ def test_bad_extra_shape():
 @pytest.mark.e2e
 def test_unquantized_model_skips_w4a16_kernels_saying_why(tmp_path):
     cfg = typed("experiment=gemm", "model=tiny_kimi", "experiment.m_values=[1]",
-                "experiment.moe_concurrency=[]", "experiment.calls=2", "experiment.warmup=0",
-                "experiment.shapes=[expert_down]")
+                "experiment.moe_concurrency=[]", "experiment.moe_batches=[]",  # no fused layer
+                "experiment.calls=2", "experiment.warmup=0", "experiment.shapes=[expert_down]")
     rec = MemoryRecorder()
     run(cfg, tmp_path, rec)
     assert "tiny_kimi has no int4 weights" in rec.tags["skipped.torch_int4"]
