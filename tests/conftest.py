@@ -158,10 +158,12 @@ def warm_python() -> str:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def warm_ranks():
+def warm_ranks(request):
     """torchrun and its ranks, in every job and launch the tests start, run on the warm
-    interpreter too (K25EXP_PYTHON; the fault tests keep them cold)."""
-    if os.environ.get("K25EXP_TEST_COLD") != "1":
+    interpreter too (K25EXP_PYTHON; the fault tests keep them cold). Only where e2e tests
+    run: the quick loop starts no server."""
+    e2e = any(item.get_closest_marker("e2e") for item in request.session.items)
+    if e2e and os.environ.get("K25EXP_TEST_COLD") != "1":
         os.environ["K25EXP_PYTHON"] = warm_python()
     yield
 
