@@ -8,8 +8,10 @@ Chromium (Debian: `apt-get install chromium`) and the `websockets` package are n
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -31,11 +33,14 @@ class Chromium:
     def __enter__(self) -> "Chromium":
         from websockets.sync.client import connect
 
-        self._profile = tempfile.TemporaryDirectory(prefix="k25exp-chromium-")
+        # ignore_cleanup_errors: a helper process outside the group (crashpad) may still write
+        # there; the folder is the test's scratch, not its subject
+        self._profile = tempfile.TemporaryDirectory(prefix="k25exp-chromium-", ignore_cleanup_errors=True)
         self._proc = subprocess.Popen([chromium_path(), "--headless=new", "--no-sandbox", "--disable-gpu",
                                        "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
                                        "--no-first-run", "about:blank"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True)  # its helpers stop with it
         try:
             self._conn = connect(_devtools_url(self._proc, self.timeout_s), max_size=None,
                                  open_timeout=self.timeout_s)
@@ -61,12 +66,29 @@ class Chromium:
         self._stop()
 
     def _stop(self) -> None:
-        self._proc.terminate()
+        """The browser and its helper processes (zygote, renderers), then its profile folder:
+        a helper still writing there made the folder's removal fail ("Directory not empty")."""
+        from k25exp.poll import wait_until
+
+        _signal_group(self._proc.pid, signal.SIGTERM)
         try:
             self._proc.wait(10)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            _signal_group(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(10)
+        if not wait_until(lambda: not _signal_group(self._proc.pid, 0), 10, 0.1, "Chromium's helpers gone",
+                          raise_timeout=False):
+            _signal_group(self._proc.pid, signal.SIGKILL)
         self._profile.cleanup()
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False once no process is left in it."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def load(page: Path, timeout_s: float = 30.0) -> dict:
