@@ -45,9 +45,13 @@ def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path
             return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
 
         wait_until(up, 90, 0.5, "MLflow UI answering /health", retry_on=(httpx.HTTPError,))
-        # no MLflow job runner (its Huey consumers would stay busy beside any measurement)
-        tree = " ".join(" ".join(c.cmdline()) for c in psutil.Process(p.pid).children(recursive=True))
+        # no MLflow job runner (its Huey consumers would stay busy beside any measurement), and
+        # one UI worker: `mlflow ui` and the one uvicorn process serving (MLflow's default of 4
+        # workers adds a supervisor and its 4 worker processes)
+        procs = [" ".join(c.cmdline()) for c in psutil.Process(p.pid).children(recursive=True)]
+        tree = " | ".join(procs)
         assert "mlflow ui" in tree and "_job_runner" not in tree and "huey" not in tree, tree[:2000]
+        assert len(procs) == 2 and "--workers 1" in procs[-1], tree[:2000]
         r = httpx.get(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10", timeout=10)
         assert r.status_code == 200 and "experiments" in r.json()
         printed = ""
