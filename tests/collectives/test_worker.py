@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
+
 import pytest
 
 from k25exp.collectives.launch import Topology, launch, torchrun_argv
@@ -61,6 +65,26 @@ def test_multinode_argv_uses_rendezvous():
     assert {"--nnodes=2", "--node-rank=1", "--master-addr=n0", "--master-port=29500"} <= set(argv)
     assert "--standalone" not in argv
     assert "--standalone" in torchrun_argv(TOPO, "s.json", "out")
+
+
+@pytest.mark.e2e
+def test_k25exp_python_runs_torchrun_and_every_rank(tmp_path, monkeypatch):
+    """$K25EXP_PYTHON (a wrapper, as numactl or nsys would be used) starts torchrun's agent and
+    each rank itself: three invocations, the ranks with the worker's module and this spec."""
+    calls = tmp_path / "calls.txt"
+    wrapper = tmp_path / "python-wrapper"  # test helper: logs its arguments, then runs Python
+    python = os.environ.get("K25EXP_PYTHON") or sys.executable
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\n'
+                       f'exec {shlex.quote(python)} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("K25EXP_PYTHON", str(wrapper))
+    out = launch(spec("all_reduce", [8]), TOPO, tmp_path / "run", wall_limit_s=120)
+    assert out.ok, out.log_tail
+    lines = calls.read_text().splitlines()
+    worker = f"-m k25exp.collectives.worker {tmp_path / 'run' / 'spec.json'} {tmp_path / 'run'}"
+    assert len(lines) == 3 and lines[0].startswith("-m torch.distributed.run"), lines
+    assert lines[1:] == [worker, worker], lines
+    assert len(read_rank_files(tmp_path / "run").env) == 2
 
 
 @pytest.mark.e2e
