@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import sys
 
 import pytest
 
-from k25exp.collectives.launch import Topology, launch, torchrun_argv
+from k25exp.collectives.launch import Topology, launch, rank_python, torchrun_argv
 from k25exp.collectives.results import read_rank_files
 from k25exp.collectives.spec import CollectiveSpec, Point
 
@@ -73,9 +71,8 @@ def test_k25exp_python_runs_torchrun_and_every_rank(tmp_path, monkeypatch):
     each rank itself: three invocations, the ranks with the worker's module and this spec."""
     calls = tmp_path / "calls.txt"
     wrapper = tmp_path / "python-wrapper"  # test helper: logs its arguments, then runs Python
-    python = os.environ.get("K25EXP_PYTHON") or sys.executable
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\n'
-                       f'exec {shlex.quote(python)} "$@"\n')
+                       f'exec {shlex.quote(rank_python())} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("K25EXP_PYTHON", str(wrapper))
     out = launch(spec("all_reduce", [8]), TOPO, tmp_path / "run", wall_limit_s=120)
