@@ -106,15 +106,15 @@ def _waiter(conn: socket.socket, req: dict, fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
     _send(conn, f"pid {pid}")
+    job = os.pidfd_open(pid)  # readable once the job has ended: no polling, no delay
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
+        ready, _, _ = select.select([conn, job], [], [])
+        if job in ready:
             break
-        ready, _, _ = select.select([conn], [], [], 0.1)
-        if ready and not conn.recv(64):  # the client is gone: so is its job
+        if not conn.recv(64):  # the client is gone: so is its job
             os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
             break
+    _, status = os.waitpid(pid, 0)
     try:
         _send(conn, f"exit {os.waitstatus_to_exitcode(status)}")
     finally:
