@@ -6,8 +6,8 @@ import hashlib
 import json
 import subprocess
 
-from omegaconf import OmegaConf
 import pytest
+from omegaconf import OmegaConf
 from safetensors import safe_open
 
 from k25exp.serving import tiny_model

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
-import os
 import subprocess
 import sys
 
