@@ -9,7 +9,8 @@ import orjson
 
 from k25exp import plots, tables
 from k25exp.config.schema import MacroConfig
-from k25exp.serving.figures import saturation
+from k25exp.serving.figures import invalid_reason, saturation
+from k25exp.stats import suppressed
 from k25exp.tracking.recorder import Recorder
 
 COLUMNS = [
@@ -28,6 +29,11 @@ ROW_KEYS = ["requests", "errors", "output_tok_s", "request_s", "ttft_ms_p50", "t
             "tpot_ms_p50", "tpot_ms_p99", "server_tpot_ms_mean", "itl_ms_p50", "itl_ms_p99",
             "e2e_ms_p50", "client_lag_ms_p99", "client_loop_lag_ms_mean", "client_cpu_util",
             "delivery_stalls", "delivery_stall_ms_max", "tpot_ms_mean_no_stalls", "valid"]
+
+
+def row(level: float, figs: dict) -> list:
+    """A level's row of the result table: a percentile too few samples allow reads 'n<N'."""
+    return [level] + [figs.get(k, suppressed(figs, k)) for k in ROW_KEYS] + [invalid_reason(figs) or None]
 
 def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dict,
             rec: Recorder, jsonl) -> None:
