@@ -271,7 +271,8 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, done: int) ->
     if len(reps) > 1:
         figs.update(repeats.spread(ph.repeat_figures(reps)))
     if not figs["valid"]:
-        log.warning(describe_invalid(f"level {lvl}", figs, exp.max_client_lag_ms))
+        log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level c={c}", figs,
+                                     exp.max_client_lag_ms))
     rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=step_of(exp, c))
     return figs
 
