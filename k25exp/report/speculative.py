@@ -91,36 +91,60 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
     if not macro:
         sec.figures.append(missing(M.SPEC_PROJECTION, c.why_missing("macro") +
                                    " (its TPOT per concurrency is the verification cost)"))
-    t1 = macro.metrics["single_stream_tpot_ms"] if macro else None
-    levels = macro.history("tpot_ms_p50") if macro else {}
-    valid = macro.history("valid") if macro else {}
-
-    def step_ms(k: int, drafter_full: bool) -> Optional[float]:
-        v = levels.get(k + 1)
-        return None if v is None else v + (k * t1 if drafter_full else 0.0)
-
-    lagged = sorted(c for c, v in valid.items() if not v and c in levels)
+    cost = StepCost(macro)
+    lagged = sorted(lvl for lvl, v in (macro.history("valid") if macro else {}).items()
+                    if not v and lvl in cost.levels)
     if lagged:
         sec.notes.append(f"macro run {macro.short}: levels {lagged} are flagged invalid (client "
                          "lag or delivery stalls); their TPOT is still used as a verification cost")
-
-    grid_ks = [k for k in draft_lengths if (k + 1) in levels]
+    grid_ks = [k for k in draft_lengths if (k + 1) in cost.levels]
     if macro:
-        skipped = [k for k in draft_lengths if (k + 1) not in levels]
-        if skipped:
-            sec.notes.append(f"draft lengths {skipped} left out of the grid: macro run {macro.short} "
-                             f"has no level at concurrency k+1 (its levels: {sorted(levels)})")
-        for full, title in ((False, "n-gram (free drafter)"), (True, "self-draft (drafter = target)")):
-            rows = []
-            for a in alphas:
-                rows.append([a] + [t1 / (step_ms(k, full) / expected_tokens(a, k)) for k in grid_ks])
-            sec.tables.append(Table(f"Projected speedup over batch-1 TPOT, {title}",
-                                    ["α"] + [f"k={k}" for k in grid_ks], rows,
-                                    f"TPOT {t1:.3f} ms; verification = macro TPOT at "
-                                    f"concurrency k+1 (run {macro.short})"))
-    rows = []
-    points = []
-    what_if: list[list] = []
+        _projected_grid(sec, macro, cost, alphas, draft_lengths, grid_ks)
+    points = _measured_runs(sec, specs, macro, cost, alphas)
+    if not specs:
+        sec.figures.append(missing(M.SPEC_MEASURED_NONE, c.why_missing("spec_decode")))
+    if macro and grid_ks:
+        sec.plot = {"kind": "spec", "alphas": list(alphas),
+                    "series": {f"k={k}, free drafter": [cost.t1 / (cost.step_ms(k, False) / expected_tokens(a, k))
+                                                        for a in alphas] for k in grid_ks},
+                    "points": points}
+    return sec
+
+
+class StepCost:
+    """The verification step's cost from a macro run: its TPOT p50 at concurrency k+1, plus
+    k × its batch-1 TPOT when the target drafts for itself."""
+
+    def __init__(self, macro: Optional[RunView]):
+        self.t1 = macro.metrics["single_stream_tpot_ms"] if macro else None
+        self.levels = macro.history("tpot_ms_p50") if macro else {}
+
+    def step_ms(self, k: int, drafter_full: bool) -> Optional[float]:
+        v = self.levels.get(k + 1)
+        return None if v is None else v + (k * self.t1 if drafter_full else 0.0)
+
+
+def _projected_grid(sec: Section, macro: RunView, cost: StepCost, alphas: Sequence[float],
+                    draft_lengths: Sequence[int], grid_ks: list[int]) -> None:
+    """Projected speedup over batch-1 TPOT for each α and k, one table per kind of drafter."""
+    skipped = [k for k in draft_lengths if k not in grid_ks]
+    if skipped:
+        sec.notes.append(f"draft lengths {skipped} left out of the grid: macro run {macro.short} "
+                         f"has no level at concurrency k+1 (its levels: {sorted(cost.levels)})")
+    for full, title in ((False, "n-gram (free drafter)"), (True, "self-draft (drafter = target)")):
+        rows = [[a] + [cost.t1 / (cost.step_ms(k, full) / expected_tokens(a, k)) for k in grid_ks]
+                for a in alphas]
+        sec.tables.append(Table(f"Projected speedup over batch-1 TPOT, {title}",
+                                ["α"] + [f"k={k}" for k in grid_ks], rows,
+                                f"TPOT {cost.t1:.3f} ms; verification = macro TPOT at "
+                                f"concurrency k+1 (run {macro.short})"))
+
+
+def _measured_runs(sec: Section, specs: list[RunView], macro: Optional[RunView], cost: StepCost,
+                   alphas: Sequence[float]) -> list[tuple]:
+    """Each spec_decode setting measured against its projection: figures, the comparison table
+    and the what-if table; the (label, α_eff, measured, projected) points for the plot."""
+    rows, points, what_if = [], [], []
     labels = [spec_label(r) for r in specs]
     for r, label in zip(specs, labels):
         if labels.count(label) > 1:  # settings the label can't tell apart
@@ -141,13 +165,13 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                              "tokens/step of the speculative server is overstated too")
         a_eff = effective_alpha(per_step - 1, k) if per_step is not None else None
         kind = drafter(r)
-        step = step_ms(k, kind == "self") if kind != "unknown" else None
+        step = cost.step_ms(k, kind == "self") if kind != "unknown" else None
         proj_tpot = step / expected_tokens(a_eff, k) if a_eff is not None and step is not None else None
         # over the run's own baseline, like the measured speedup: the two then differ only
         # through the step cost
         proj = base / proj_tpot if proj_tpot and base else None
-        rows.append([label, acc, per_step, a_eff, base, tpot, proj_tpot, speedup, proj,
-                     tpot * per_step if tpot is not None and per_step is not None else None,
+        step_meas = tpot * per_step if tpot is not None and per_step is not None else None
+        rows.append([label, acc, per_step, a_eff, base, tpot, proj_tpot, speedup, proj, step_meas,
                      step, r])
         points.append((label, a_eff, speedup, proj))
         sec.figures.append(Figure(M.spec_measured(label), speedup, [r],
@@ -164,12 +188,10 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                    if kind == "unknown" else
                    "needs macro TPOT at concurrency k+1, the run's baseline and its tokens per step")
             sec.figures.append(missing(M.spec_projected(label), why))
-        if tpot is not None and per_step is not None and base:
-            step_meas = tpot * per_step  # this run's measured cost of one verification step
+        if step_meas is not None and base:
+            # this run's measured cost of one verification step, at other acceptance rates
             what_if.append([label] + [base / (step_meas / expected_tokens(a, k)) for a in alphas] + [r])
-    if not specs:
-        sec.figures.append(missing(M.SPEC_MEASURED_NONE, c.why_missing("spec_decode")))
-    else:
+    if specs:
         sec.tables.append(Table("Measured against projected (batch 1)",
                                 ["setting", "acceptance", "tokens/step", "α_eff", "base TPOT ms",
                                  "spec TPOT ms", "projected TPOT ms", "measured ×", "projected ×",
@@ -183,9 +205,4 @@ def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[in
                                 ["setting"] + [f"α={a:g}" for a in alphas] + ["run"], what_if,
                                 "base TPOT / (measured step ms / E(α, k)): what a drafter of the "
                                 "same cost with another acceptance would give"))
-    if macro and grid_ks:
-        sec.plot = {"kind": "spec", "alphas": list(alphas),
-                    "series": {f"k={k}, free drafter": [t1 / (step_ms(k, False) / expected_tokens(a, k))
-                                                        for a in alphas] for k in grid_ks},
-                    "points": points}
-    return sec
+    return points
