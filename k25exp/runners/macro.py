@@ -154,7 +154,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
     rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": f"httpx {httpx.__version__}, "
-                  "one asyncio process, closed loop", "macro.tpot_definition":
+                  "one asyncio process (the load it sends: macro.load)", "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks",
                   "macro.load": _load_tag(exp)})
     out.mkdir(parents=True, exist_ok=True)

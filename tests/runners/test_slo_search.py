@@ -89,6 +89,10 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
     assert (tmp_path / "probes.txt").exists() and (tmp_path / "plots" / "probes.png").exists()
     assert "the next probe up" in rec.tags["slo_search.answer"] or "every probe" in rec.tags["slo_search.answer"]
     assert probes
+    # each probe says how its load was sent: an open loop, and nowhere a closed one
+    for _, c in rec.children:
+        assert c.tags["macro.load"].startswith("open loop: gamma arrivals (burstiness 1000")
+        assert "closed" not in c.tags["macro.client"], c.tags["macro.client"]
 
 
 @pytest.mark.fake_server
