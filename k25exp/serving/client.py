@@ -70,7 +70,9 @@ class CompletionClient:
         sent = time.perf_counter()
         rec["sent_s"] = sent - t0
         if "scheduled_s" in rec:
-            rec["lag_ms"] = (rec["sent_s"] - rec["scheduled_s"]) * 1e3
+            # the client's own lateness: from when the request could go (it was due and, under
+            # an open loop's max_concurrency, a slot was free: ready_s)
+            rec["lag_ms"] = (rec["sent_s"] - rec.get("ready_s", rec["scheduled_s"])) * 1e3
         rec.update(status=None, error=None, chunk_s=[], chunk_tokens=[], usage=None,
                    malformed=0, done=False)
         try:
@@ -163,8 +165,9 @@ def finish(rec: dict) -> dict:
     rec["ttft_s"] = cs[0] if cs else None
     rec["e2e_s"] = cs[-1] if cs else None
     # The user's view: from when the request was due (open loop: its arrival; closed loop: the
-    # end of the worker's previous response), so time spent waiting in the client counts.
-    wait = max(rec["lag_ms"], 0.0) / 1e3 if rec.get("lag_ms") is not None else 0.0
+    # end of the worker's previous response), so time spent waiting in the client counts: its
+    # lateness and, under an open loop's max_concurrency, its wait for a slot.
+    wait = (max(rec.get("lag_ms") or 0.0, 0.0) + (rec.get("queue_ms") or 0.0)) / 1e3
     rec["ttft_sched_s"] = cs[0] + wait if cs else None
     rec["e2e_sched_s"] = cs[-1] + wait if cs else None
     rec["tpot_s"] = ((cs[-1] - cs[0]) / (out - 1)) if cs and out and out > 1 else None
@@ -269,8 +272,9 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
                          should_stop: Optional[Callable[[], bool]] = None) -> dict:
     """Open loop: request i is due at due_s[i] seconds after the level starts, whatever the
     responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency, a due
-    request waits in the client for a free slot, and that wait counts in its latency from the
-    scheduled send (ttft_sched, e2e_sched). Returns as run_level, plus "due_s"."""
+    request waits in the client for a free slot: that wait is its queue_ms, and counts in its
+    latency from the scheduled send (ttft_sched, e2e_sched) but not in its lag_ms (the client's
+    own lateness, which flags a level). Returns as run_level, plus "due_s"."""
     records: list[dict] = []
     start = time.perf_counter()
     cpu0 = time.process_time()
@@ -291,6 +295,9 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
             await client.complete(prompt(i), max_tokens, rec, t0)
         else:
             async with slots:
+                # the wait for a slot is the cap's doing, not the client's lateness: queue_ms
+                rec["ready_s"] = max(time.perf_counter() - t0, rec["scheduled_s"])
+                rec["queue_ms"] = (rec["ready_s"] - rec["scheduled_s"]) * 1e3
                 await client.complete(prompt(i), max_tokens, rec, t0)
         records.append(rec)
         if on_record:

@@ -16,7 +16,9 @@ Per level (requests that failed count in `errors` only):
     output_tok_s   Σ output tokens / wall time of the level (first send → last response)
     request_s      successful requests / wall time
     client_lag_ms_p99   p99 of (actual − scheduled send time), the scheduled time of a
-                   worker's next request being the end of its previous response
+                   worker's next request being the end of its previous response; in an open
+                   loop with max_concurrency, from when a slot was free (the wait for one is
+                   the request's queue_ms: in ttft_sched/e2e_sched, not here)
     client_loop_lag_ms_mean/p50/p99  how late the client's event loop woke a 10 ms sleeper:
                    chunk arrival times are stamped that late. Its p99 also shows the client
                    being preempted (on a CPU box the server's threads share its cores)
@@ -88,7 +90,7 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     m.update(_pcts("ttft_sched_ms", [r["ttft_sched_s"] for r in ok
                                      if r.get("ttft_sched_s") is not None], (50, 90, 99)))
     m.update(_pcts("e2e_sched_ms", [r["e2e_sched_s"] for r in ok
-                                    if r.get("e2e_sched_s") is not None], (50, 99)))
+                                    if r.get("e2e_sched_s") is not None], (50, 90, 99)))
     m.update(stalls.figures(records))
     if step is not None:
         m["stall_ref_step_ms"] = step * 1e3

@@ -8,7 +8,8 @@ import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.runners import runner_for
-from k25exp.runners.slo_search import NoLoadMeetsSlo, Search
+from k25exp.runners.slo_search import NoLoadMeetsSlo, Search, verdict
+from k25exp.serving.figures import level_figures
 from k25exp.serving import server
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
@@ -38,6 +39,21 @@ def test_bracketing_then_bisection_finds_a_known_threshold():
     h = _search(6, search_over="concurrency", load="closed", start=1)  # integers: 1 2 4 8 6 7
     assert [x for x, _ in h] == [1, 2, 4, 8, 6, 7] and max(x for x, m in h if m) == 6
     assert all(not m for _, m in _search(0.01))  # never met: down to lowest, then stops
+
+
+def test_an_e2e_slo_is_judged_at_every_allowed_percentile():
+    # 10 requests, end to end 100, 110, ..., 190 ms from the scheduled send (20 ms of it
+    # waiting in the client). p90 by linear interpolation: rank 0.9 × 9 = 8.1 → 181 ms;
+    # p50: rank 4.5 → 145 ms; p99 needs 100 requests.
+    recs = [{"ok": True, "status": 200, "ttft_s": 0.01, "e2e_s": e / 1e3 - 0.02, "tpot_s": 0.01,
+             "ttft_sched_s": 0.03, "e2e_sched_s": e / 1e3, "output_tokens": 8, "malformed": 0,
+             "chunk_s": [0.01, e / 1e3 - 0.02], "chunk_tokens": [1, 7]} for e in range(100, 200, 10)]
+    figs = level_figures(recs, wall_s=1.0)
+    assert figs["e2e_sched_ms_p90"] == pytest.approx(181.0)
+    assert verdict(figs, {"e2e_ms": 182}, 90) == (True, "")
+    assert verdict(figs, {"e2e_ms": 180}, 90) == (False, "p90 e2e_ms 181.0 > 180")
+    assert verdict(figs, {"e2e_ms": 146}, 50) == (True, "")
+    assert verdict(figs, {"e2e_ms": 1e6}, 99) == (False, "no p99 e2e_ms (n=10)")
 
 
 def test_bad_search_settings_are_named():

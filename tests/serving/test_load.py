@@ -71,7 +71,14 @@ def test_latency_from_the_scheduled_send_counts_the_wait_for_a_slot():
         assert r["ttft_s"] == pytest.approx(0.06, abs=0.02)  # from the actual send
         assert r["ttft_sched_s"] == pytest.approx(wait + r["ttft_s"], abs=1e-6)
         assert r["e2e_sched_s"] == pytest.approx(wait + r["e2e_s"], abs=1e-6)
+        # the wait splits into the slot's (the cap's doing) and the client's own lateness
+        assert (r["queue_ms"] + r["lag_ms"]) / 1e3 == pytest.approx(wait, abs=1e-9)
+        assert r["queue_ms"] / 1e3 == pytest.approx(before, abs=0.02 + 0.01 * k)
+        assert 0 <= r["lag_ms"] < 10
     assert recs[2]["ttft_sched_s"] > 0.2  # two requests of ~0.1 s before it
+    # so the level is not flagged for client lag: ~0.1 and ~0.2 s in a queue are not lateness
+    f = level_figures(recs, res["wall_s"], max_client_lag_ms=10.0)
+    assert f["client_lag_ms_max"] < 10 and f["client_lagged"] == 0.0
 
 
 def test_open_loop_sends_on_schedule_and_the_rate_check_says_so():
