@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from k25exp.config.schema import K25Config, MacroConfig
-from k25exp.runners.macro_phases import Phases, completed
+from k25exp.runners.macro_phases import OPEN_LOOP_CAP, Phases, completed, max_in_flight
 from k25exp.runners.macro_results import finish, row
 from k25exp.runners.server_run import copy_server_log, record_server
 from k25exp.serving import admin, repeats
@@ -165,7 +165,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     # Closed on every path (an unexpected error included): what was measured stays readable.
     with open(out / "requests.jsonl", "wb") as jsonl:
         async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
-                                    max_connections=_max_in_flight(exp) + 4,
+                                    max_connections=max_in_flight(exp) + 4,
                                     continuous_usage=exp.continuous_usage,
                                     temperature=exp.temperature, seed=exp.seed) as client:
             with Progress(exp.progress) as progress:
@@ -279,18 +279,13 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, done: int) ->
 
 def _load_tag(exp: MacroConfig) -> str:
     if exp.load == "open":
-        cap = f", at most {exp.max_concurrency} in flight" if exp.max_concurrency else ""
+        cap = (f", at most {exp.max_concurrency} in flight" if exp.max_concurrency else
+               f", at most {OPEN_LOOP_CAP} in flight (the client's cap; max_concurrency unset)")
         return (f"open loop: gamma arrivals (burstiness {exp.burstiness:g}; 1 = Poisson) at "
-                f"{exp.request_rate} req/s{cap}; latencies also from the scheduled send; "
+                f"{sweep_levels(exp)} req/s{cap}; latencies also from the scheduled send; "
                 "step = rate x 1000")
     ramp = f", workers started over {exp.ramp_s:g} s" if exp.ramp_s else ", all workers at once"
-    return f"closed loop: {exp.concurrency} workers{ramp}; step = concurrency"
-
-
-def _max_in_flight(exp: MacroConfig) -> int:
-    if exp.load == "open":
-        return exp.max_concurrency or 256
-    return max(exp.concurrency)
+    return f"closed loop: {sweep_levels(exp)} workers{ramp}; step = concurrency"
 
 
 def _prefix_cache_tag(exp: MacroConfig, cache: dict) -> str:

@@ -27,6 +27,19 @@ from k25exp.serving.stalls import StallRule
 log = logging.getLogger(__name__)
 
 
+OPEN_LOOP_CAP = 256  # requests in flight when experiment.max_concurrency is unset: a socket each
+
+
+def max_in_flight(exp: MacroConfig) -> int:
+    """The most requests a phase has in flight: the closed loop's largest concurrency, or the
+    open loop's cap (experiment.max_concurrency, else OPEN_LOOP_CAP). The client's connection
+    pool is sized above it, so no request waits inside the HTTP library, where the wait would
+    land in its TTFT."""
+    if exp.load == "open":
+        return exp.max_concurrency or OPEN_LOOP_CAP
+    return max(exp.concurrency)
+
+
 def completed(res: dict) -> int:
     """Requests of a phase that completed."""
     return sum(1 for r in res["records"] if r["ok"])
@@ -76,7 +89,7 @@ class Phases:
                                exact=exp.exact_rate and n is not None)
                 res = await run_open_level(self.client, prompt, phase=name, level=level, due_s=due,
                                            max_tokens=exp.output_tokens, t0=self.t0,
-                                           max_concurrency=exp.max_concurrency,
+                                           max_concurrency=max_in_flight(exp),
                                            input_tokens=exp.input_tokens, on_record=on_record,
                                            should_stop=self.dead)
                 res["rate"] = rate

@@ -4,6 +4,7 @@ dev mode off on a network bind, requests.jsonl closed and flushed when a run fai
 
 from __future__ import annotations
 
+import orjson
 import psutil
 import pytest
 
@@ -102,3 +103,20 @@ def test_repeats_pool_every_request_and_log_the_spread(model, tmp_path):
     assert rec.latest("tpot_ms_p50_rep_spread_pct")[2] == pytest.approx(
         (per_rep[2] - per_rep[0]) / per_rep[1] * 100)
     assert 5 < per_rep[0] and per_rep[2] < 20  # the fake's 10 ms gap
+
+
+def test_an_uncapped_open_loop_names_the_clients_cap_and_queues_there(model, tmp_path):
+    """An open loop without max_concurrency is still capped by the client (a socket per
+    request in flight): the tag names that cap, and a request over it would wait in the
+    client's queue (queue_ms), measured, not inside the HTTP library, inside its TTFT."""
+    _, rec, _ = run_macro(tmp_path, *fake_overrides(model, tmp_path), "experiment.load=open",
+                          "experiment.request_rate=[40,20]", "experiment.limit_points=1",
+                          "experiment.requests=6", "experiment.reset_prefix_cache=false")
+    load = rec.tags["macro.load"]
+    assert load.startswith("open loop: gamma arrivals (burstiness 1; 1 = Poisson) at [40.0] req/s")
+    assert "at most 256 in flight (the client's cap; max_concurrency unset)" in load
+    assert "closed" not in rec.tags["macro.client"]
+    sweep = [orjson.loads(x) for x in (tmp_path / "requests.jsonl").read_bytes().splitlines()
+             if b'"phase":"sweep"' in x]
+    assert len(sweep) == 6 and all(r["queue_ms"] >= 0 and r["lag_ms"] >= 0 for r in sweep)
+    assert rec.latest("target_rate_req_s") == {40000: 40.0}  # the limited sweep: one level
