@@ -26,12 +26,12 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     """TPOT predicted at every macro level; metrics per level (step = concurrency). `micro`
     and `tpot` as reconcile takes them (the report shares one of each)."""
     sec = Section("TPOT predicted at every concurrency from the parts")
-    macro = c.latest("macro")
+    macro = c.closed_loop_macro()
     micro = micro or Micro(c)
     out: dict[int, dict[str, float]] = {}
     if not macro or not per_c:
         sec.figures.append(missing(M.TPOT_PRED_WORST, "needs a macro run and a profile" if macro
-                                   else c.why_missing("macro")))
+                                   else c.why_no_closed_loop_macro()))
         return sec, out
     uncovered = {cat: {k: m[f"{cat}_profile_ms"] for k, m in per_c.items() if f"{cat}_profile_ms" in m}
                  for cat in UNCOVERED}

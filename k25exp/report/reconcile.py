@@ -132,7 +132,7 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
     `tpot` (engine_tpot of the macro run) are built here unless the caller shares its own."""
     sec = Section("The decode step in milliseconds: micro-benchmarks vs the profile")
     profiles = profile_runs(c)
-    macro = c.latest("macro")
+    macro = c.closed_loop_macro()
     micro = micro or Micro(c)
     per_c: dict[int, dict[str, float]] = {}
     if not profiles:

@@ -68,6 +68,18 @@ class Campaign:
     def latest(self, phase: str, where: Callable[[RunView], bool] = lambda r: True) -> Optional[RunView]:
         return next((r for r in self.of(phase) if where(r)), None)
 
+    def closed_loop_macro(self, where: Callable[[RunView], bool] = lambda r: True) -> Optional[RunView]:
+        """The newest macro run whose levels are concurrencies (its steps), and `where`: the
+        report reads TPOT per concurrency from it. An open-loop run's steps are rates × 1000."""
+        return self.latest("macro", lambda r: r.params.get("experiment.load", "closed") == "closed"
+                           and where(r))
+
+    def why_no_closed_loop_macro(self) -> str:
+        if self.latest("macro"):
+            return (f"missing: campaign {self.id} has no finished closed-loop `macro` run (its "
+                    "open-loop runs' levels are rates, not concurrencies)")
+        return self.why_missing("macro")
+
     def missing_phases(self) -> list[str]:
         """Phases (in campaign order) without a finished run."""
         return [p for p in PHASES if not self.of(p)]

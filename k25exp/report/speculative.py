@@ -82,14 +82,14 @@ def spec_label(r: RunView) -> str:
 
 def speculative(c: Campaign, alphas: Sequence[float], draft_lengths: Sequence[int]) -> Section:
     sec = Section("Speculative decoding: projected and measured")
-    macro = c.latest("macro", lambda r: "single_stream_tpot_ms" in r.metrics)
+    macro = c.closed_loop_macro(lambda r: "single_stream_tpot_ms" in r.metrics)
     specs, seen = [], set()
     for r in c.of("spec_decode"):  # newest first: one run per distinct setting
         if spec_key(r) not in seen:
             seen.add(spec_key(r))
             specs.append(r)
     if not macro:
-        sec.figures.append(missing(M.SPEC_PROJECTION, c.why_missing("macro") +
+        sec.figures.append(missing(M.SPEC_PROJECTION, c.why_no_closed_loop_macro() +
                                    " (its TPOT per concurrency is the verification cost)"))
     cost = StepCost(macro)
     lagged = sorted(lvl for lvl, v in (macro.history("valid") if macro else {}).items()

@@ -50,7 +50,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ReportConfig = cfg.experiment
     campaign = exp.campaign or latest_campaign(exp.tracking_uri)
     c, refused = provenance.check(load_campaign(exp.tracking_uri, campaign))
-    micro, tpot = reconcile.Micro(c), reconcile.engine_tpot(c.latest("macro"))  # both sections' inputs
+    micro, tpot = reconcile.Micro(c), reconcile.engine_tpot(c.closed_loop_macro())  # both sections' inputs
     recon, per_c = reconcile.reconcile(c, micro, tpot)
     pred, per_level = predict.predict(c, per_c, micro, tpot)
     sections: list[Section] = [

@@ -96,16 +96,18 @@ def _compare(exp: SpecDecodeConfig, spec: Capture, base: Capture, out: Path,
     stok, btok = spec.latest("output_tok_s"), base.latest("output_tok_s")
     acc, mean_acc = spec.latest("acceptance_rate"), spec.latest("mean_accepted_tokens")
     sv, bv = spec.latest("valid"), base.latest("valid")
-    for c in exp.concurrency:
+    for level in macro.sweep_levels(exp):
+        c = macro.step_of(exp, level)  # the step both runs logged the level at
         if c not in st or c not in bt:
             continue
         m = {"level_spec_speedup": bt[c] / st[c]}
         if stok.get(c) and btok.get(c):
             m["level_throughput_gain"] = stok[c] / btok[c]
         rec.log_metrics(m, step=c)
-        rows.append([c, bt[c], st[c], m["level_spec_speedup"], btok.get(c), stok.get(c),
+        rows.append([level, bt[c], st[c], m["level_spec_speedup"], btok.get(c), stok.get(c),
                      acc.get(c), mean_acc.get(c), min(sv.get(c, 0), bv.get(c, 0))])
-    text = tables.write(out / "results", COLUMNS, rows,
+    cols = COLUMNS if exp.load == "closed" else [tables.Column("rate/s", "{:g}", 8)] + COLUMNS[1:]
+    text = tables.write(out / "results", cols, rows,
                         f"spec_decode: {exp.method}, {exp.num_speculative_tokens} speculative "
                         f"tokens; TPOT p50 ms; speedup = base/spec TPOT; accept = accepted/draft "
                         f"tokens; mean_acc = accepted per verification step; single-stream "

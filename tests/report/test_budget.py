@@ -110,6 +110,23 @@ def test_spec_projection_uses_the_measured_verification_cost():
     assert not math.isnan(proj.value)
 
 
+def test_an_open_loop_macro_run_is_never_read_as_concurrencies():
+    # the newer macro run is an open loop at 2 and 4 req/s: its steps are 2000 and 4000, and
+    # its TPOT there says nothing about the step cost at concurrency k+1
+    closed = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {2: 12.0, 4: 16.0}},
+                 params={"experiment.load": "closed"}, t=10)
+    opened = run("macro", {"single_stream_tpot_ms": 11.0}, steps={"tpot_ms_p50": {2000: 30.0, 4000: 90.0}},
+                 params={"experiment.load": "open"}, t=20)
+    sec = speculative.speculative(Campaign("c", "uri", [closed, opened]), [1.0], [1, 3])
+    assert sec.tables[0].rows[0][1:] == pytest.approx([10.0 / (12.0 / 2), 10.0 / (16.0 / 4)])
+    assert closed.short in sec.tables[0].note and opened.short not in sec.tables[0].note
+    # with only the open-loop run there is no projection, and the reason says why
+    alone = speculative.speculative(Campaign("c", "uri", [opened]), [1.0], [1, 3])
+    assert not alone.tables
+    why = next(f.missing for f in alone.figures if f.value is None)
+    assert "no finished closed-loop `macro` run" in why and "rates, not concurrencies" in why
+
+
 def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
     model = {"model.hidden_size": "512", "model.num_hidden_layers": "2", "model.first_k_dense_replace": "0",
              "model.n_routed_experts": "4", "model.num_experts_per_tok": "2", "model.n_shared_experts": "0",
