@@ -43,13 +43,19 @@ def _replayed(raw: Path) -> LaunchOutcome:
 
 
 def timing_tags(spec: CollectiveSpec) -> dict[str, str]:
-    graph = "CUDA graph of the burst, replayed; host clock around replay + sync" \
+    graph = ("CUDA graph of the burst (captured after 3 eager bursts on a side stream), "
+             f"{max(1, spec.warmup)} warm-up replay(s), then each replay timed; host clock "
+             "around replay + sync") \
         if spec.graph else "off" + (" (CPU: no graphs)" if spec.device == "cpu" else "")
+    if spec.communicator == "vllm" and spec.device == "cpu":
+        # vLLM's CPU ops return when done (no work handles): nothing is queued behind another
+        issue = "a burst of ops run one after another (vLLM's CPU ops return when done)"
+    else:
+        issue = "a burst of ops issued back to back, one wait/sync at the end"
     return {
         "communicator": spec.communicator,
         "timing.timer": "host time.perf_counter_ns on every rank; each sample = slowest rank",
-        "timing.queued": "barrier, then a burst of ops issued back to back, one wait/sync at "
-                         "the end; per-op = burst / burst length (nccl-tests' time)",
+        "timing.queued": f"barrier, then {issue}; per-op = burst / burst length (nccl-tests' time)",
         "timing.blocking": "barrier, one op, wait + device sync; per-op latency"
                            if spec.blocking else "off",
         "timing.graph": graph,

@@ -59,6 +59,8 @@ def test_nccl_burst_figures_follow_from_raw_samples(tmp_path):
     assert one(rec, "wrong") == 0
     assert rec.tags["backend"] == "gloo" and rec.tags["world_size"] == "2"
     assert "perf_counter_ns" in rec.tags["timing.timer"]
+    # c10d's gloo ops give work handles: the burst is queued, waited for once
+    assert "issued back to back, one wait/sync at the end" in rec.tags["timing.queued"]
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert len(rows) == 1 and rows[0]["bytes/step"] == str(122 * 28672) and rows[0]["ops"] == "122"
     assert one(rec, "ops_per_step") == 122 and one(rec, "bytes_per_step") == 122 * 28672
@@ -139,6 +141,8 @@ def test_step_collectives_through_vllms_own_communicator(campaign_full):
     tags, m = run.data.tags, run.data.metrics
     assert run.data.params["experiment.communicator"] == "vllm" and tags["communicator"] == "vllm"
     assert tags["communicator.impl"] == "shm (vLLM _CPUSHMDistributed, _C::shm_allreduce)"
+    # vLLM's CPU ops return when done: its burst is not said to be queued
+    assert "run one after another" in tags["timing.queued"] and "back to back" not in tags["timing.queued"]
     # 1 + 2 × 3 layers all-reduces of 512 × 2 B, 1 all-gather of 2 × 2048 × 2 B
     assert m["ops_per_step"] == 8 and m["bytes_per_step"] == 7 * 1024 + 8192
     assert m["wrong"] == 0
