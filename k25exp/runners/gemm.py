@@ -98,14 +98,24 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     kernels = {n: _kernel(exp.registry[n], f"experiment.registry.{n}") for n in names}
     rows: list[Row] = []
     failures: list[str] = []
-    method_logged = False
+    method: Optional[dict] = None  # how the first figure was timed (the run's timing.* tags)
     gen = torch.Generator().manual_seed(exp.seed)
     # every call's time, per figure: what `k25exp compare` tests two runs' medians with
     samples = open(out / "samples.jsonl", "ab")
 
     def keep(prefix: str, step: int, t) -> None:
+        """A figure's samples into samples.jsonl; how it was timed into the run's tags: the
+        first figure's method as timing.*, any figure timed otherwise (the MoE reference is
+        never graphed: its loop depends on the routing) as timing.<figure>.*."""
+        nonlocal method
         samples.write(orjson.dumps({"figure": f"{prefix}/latency_us", "step": step,
                                     "samples_us": t.samples_us}) + b"\n")
+        m = {k: str(v) for k, v in t.method.items() if k != "device"}
+        if method is None:
+            method = m
+            rec.set_tags({f"timing.{k}": v for k, v in m.items()})
+        elif m != method:
+            rec.set_tags({f"timing.{prefix}.{k}": v for k, v in m.items() if method.get(k) != v})
     try:
         for si, (label, shape) in enumerate(shapes_to_run(cfg)):
             w = random_weight(shape.n, shape.k, seed=exp.seed + si, device=device)
@@ -138,9 +148,6 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                         continue
                     t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls,
                                 flush_l2=exp.flush_l2, graph=exp.graph)
-                    if not method_logged:
-                        rec.set_tags({f"timing.{k}": str(v) for k, v in t.method.items() if k != "device"})
-                        method_logged = True
                     keep(f"{label}/{name}", m, t)
                     lat = t.median_us
                     nbytes = kernel.weight_bytes(shape.n, shape.k) + 2 * m * (shape.k + shape.n)

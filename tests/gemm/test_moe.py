@@ -93,3 +93,40 @@ def test_reference_moe_on_cuda_matches_the_loop(c):
     want = by_hand(x, w13, w2, tw, ti)
     got = moe.reference_grouped_moe(w13.cuda(), w2.cuda(), tw.cuda(), ti.cuda())(x.cuda()).float().cpu()
     assert (got - want).abs().max() / want.abs().max() < 2e-2
+
+
+def _moe_only(tmp_path, *overrides):
+    from k25exp.config.validate import to_typed
+    from k25exp.runners import runner_for
+    from k25exp.tracking import MemoryRecorder
+    from tests.conftest import compose_cfg
+
+    cfg = to_typed(compose_cfg("experiment=gemm", "model=tiny_kimi", "experiment.m_values=[1]",
+                               "experiment.moe_batches=[1,2]", "experiment.calls=2",
+                               "experiment.moe_kernels=[reference_grouped_moe]", *overrides),
+                   gpu_count=lambda: torch.cuda.device_count())
+    rec = MemoryRecorder()
+    runner_for(cfg.experiment)(cfg, tmp_path, rec)
+    assert sorted(rec.latest("moe.tp2/reference_grouped_moe/latency_us")) == [1, 2]
+    return rec
+
+
+def test_a_moe_only_run_still_says_how_it_was_timed(tmp_path):
+    # the only dense kernel is W4A16, skipped on the unquantized model: no dense figure is
+    # timed, and the MoE layer's figures still carry their timing tags
+    rec = _moe_only(tmp_path, "experiment.shapes=[expert_down]", "experiment.baseline=torch_int4",
+                    "experiment.kernels=[torch_int4]")
+    assert "tiny_kimi has no int4 weights" in rec.tags["skipped.torch_int4"]
+    assert rec.tags["timing.timer"] == "perf_counter_ns" and rec.tags["timing.mode"] == "eager"
+    assert rec.tags["timing.calls"] == "2"
+
+
+@pytest.mark.cuda
+def test_graph_timing_names_the_moe_reference_it_could_not_graph(tmp_path):
+    # the dense GEMM is replayed from a CUDA graph; the MoE reference's loop over experts
+    # depends on the routing, so it is timed eagerly, and the tags say so for that figure only
+    rec = _moe_only(tmp_path, "hardware=h200_x1", "experiment.tp=2", "experiment.shapes=[expert_down]",
+                    "experiment.kernels=[torch_bf16]", "experiment.graph=true")
+    assert rec.tags["timing.mode"] == "graph"
+    assert rec.tags["timing.moe.tp2/reference_grouped_moe.mode"] == "eager"
+    assert not any(k.startswith("timing.expert_down") for k in rec.tags)
