@@ -3,7 +3,8 @@
     tpot_ms        macro's single_stream_tpot_ms (p50 of (e2e − ttft)/(tokens − 1))
     comm_ms        nccl_burst at tokens=1: the decode step's collectives (2 × layers + 2:
                    embedding all-reduce, 2 per layer, logits all-gather) through the run's
-                   communicator (vLLM's own by default), queued back to back (burst_ms)
+                   communicator (vLLM's own by default), as one burst (burst_ms; its CUDA-
+                   graph replay, graph_burst_ms, when the server ran graphs: measured.burst_key)
     gemm_ms        Σ over the model's GEMMs of latency(M=1) × count_per_layer × layers, from
                    the GEMM runs (k25exp.gemm.shapes; routed experts count top_k times)
     rest_ms        tpot − comm − gemm (attention, norms, routing, sampling, host overhead)

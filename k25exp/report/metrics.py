@@ -17,7 +17,7 @@ class Metric:
 
 # decode budget at batch 1
 TPOT = Metric("tpot_ms", "TPOT at batch 1 (macro)", "ms")
-COMM = Metric("comm_ms", "communication per step (NCCL burst)", "ms")
+COMM = Metric("comm_ms", "communication per step (collectives burst)", "ms")
 GEMM = Metric("gemm_ms", "GEMM per step", "ms")
 REST = Metric("rest_ms", "rest (attention, norms, routing, host)", "ms")
 COMM_SHARE_BURST = Metric("comm_share_burst", "communication share (burst / TPOT)", "%")

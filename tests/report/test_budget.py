@@ -66,7 +66,7 @@ def test_missing_phases_are_named_never_filled():
     tpot = sec.get("TPOT at batch 1 (macro)")
     assert tpot.value is None and "macro" in tpot.missing and "FAILED" in tpot.missing
     assert "vLLM exited with code 1" in tpot.missing
-    assert sec.get("communication per step (NCCL burst)").value == 2.0
+    assert sec.get("communication per step (collectives burst)").value == 2.0
     assert sec.get("rest (attention, norms, routing, host)").value is None
     assert sec.get("communication share (burst / TPOT)").value is None
     assert "profile" in sec.get("communication share (profile)").missing
