@@ -91,9 +91,13 @@ class Search:
         return x if self.passed < x < self.failed else None
 
     def _close_enough(self) -> bool:
+        return self.done(self.passed, self.failed)
+
+    def done(self, passed: float, failed: float) -> bool:
+        """Whether the bracket [passed, failed) is narrow enough to stop."""
         if self.integer:
-            return self.failed - self.passed <= 1
-        return (self.failed - self.passed) / self.passed <= self.exp.tolerance
+            return failed - passed <= 1
+        return (failed - passed) / passed <= self.exp.tolerance
 
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
@@ -150,17 +154,40 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         tried = ", ".join(f"{x:g}" for x, _ in history)
         raise NoLoadMeetsSlo(f"no probed {unit} met the SLO (p{exp.percentile} of "
                              + ", ".join(f"{k} <= {v:g}" for k, v in slo.items())
-                             + f"); tried {tried}, down to experiment.lowest={exp.lowest:g}: "
-                             f"{rows[-1][-1]}")
+                             + f"); tried {tried}, "
+                             + (f"then stopped at experiment.max_probes={exp.max_probes}"
+                                if len(history) >= exp.max_probes else
+                                f"down to experiment.lowest={exp.lowest:g}")
+                             + f": {rows[-1][-1]}")
     summary[answer_key] = passed
     failed = min((x for x, m in history if not m and x > passed), default=None)
     if failed is not None:
         summary["lowest_failing_load"] = failed
     rec.log_metrics(summary)
-    rec.set_tags({"slo_search.answer": f"{passed:g} {unit}" + (
-        f" (the next probe up, {failed:g}, missed)" if failed is not None else
-        f" (every probe up to experiment.highest={exp.highest:g} met it)")})
+    rec.set_tags({"slo_search.answer": answer(exp, history, unit)})
     return summary
+
+
+def answer(exp: SloSearchConfig, history: list[tuple[float, bool]], unit: str) -> str:
+    """The answer in words: the highest load that met the SLO, and why the search stopped
+    there (a miss above it, the highest allowed load, or the probe budget), with any probe
+    below it that missed (latencies that are not monotonic in load: a noisy answer)."""
+    passed = max(x for x, m in history if m)
+    failed = min((x for x, m in history if not m and x > passed), default=None)
+    out_of_probes = len(history) >= exp.max_probes
+    if failed is None:
+        why = (f"every probe met it; the search stopped at experiment.max_probes={exp.max_probes} "
+               "while still doubling" if out_of_probes and passed * 2 <= exp.highest else
+               f"every probe up to experiment.highest={exp.highest:g} met it")
+    else:
+        why = f"the next probe up, {failed:g}, missed"
+        if out_of_probes and not Search(exp).done(passed, failed):
+            why += (f"; the search stopped at experiment.max_probes={exp.max_probes} before "
+                    "narrowing to its tolerance")
+    below = sorted(x for x, m in history if not m and x < passed)
+    if below:
+        why += f"; probes below it missed too: {', '.join(f'{x:g}' for x in below)}"
+    return f"{passed:g} {unit} ({why})"
 
 
 class _Keep(MemoryRecorder):

@@ -8,7 +8,7 @@ import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.runners import runner_for
-from k25exp.runners.slo_search import NoLoadMeetsSlo, Search, verdict
+from k25exp.runners.slo_search import NoLoadMeetsSlo, Search, answer, verdict
 from k25exp.serving.figures import level_figures
 from k25exp.serving import server
 from k25exp.tracking import MemoryRecorder
@@ -39,6 +39,30 @@ def test_bracketing_then_bisection_finds_a_known_threshold():
     h = _search(6, search_over="concurrency", load="closed", start=1)  # integers: 1 2 4 8 6 7
     assert [x for x, _ in h] == [1, 2, 4, 8, 6, 7] and max(x for x, m in h if m) == 6
     assert all(not m for _, m in _search(0.01))  # never met: down to lowest, then stops
+
+
+def _exp(**kw):
+    return to_typed(compose_cfg("experiment=slo_search", SLO, *[f"experiment.{k}={v}" for k, v in kw.items()]),
+                    gpu_count=lambda: 0).experiment
+
+
+def test_the_answer_says_why_the_search_stopped_where_it_did():
+    exp = _exp(max_probes=4, highest=256)
+    # bracketed and narrowed: 5 met, 5.5 missed
+    assert answer(_exp(), [(1, True), (8, False), (5, True), (5.5, False)], "req/s") == \
+        "5 req/s (the next probe up, 5.5, missed)"
+    # out of probes while still doubling: not "every probe up to highest met it"
+    assert answer(exp, [(1, True), (2, True), (4, True), (8, True)], "req/s") == \
+        "8 req/s (every probe met it; the search stopped at experiment.max_probes=4 while still doubling)"
+    assert answer(_exp(highest=8), [(1, True), (2, True), (4, True), (8, True)], "req/s") == \
+        "8 req/s (every probe up to experiment.highest=8 met it)"
+    # out of probes before the bracket [4, 8) narrowed to 10 %
+    assert answer(exp, [(1, True), (2, True), (4, True), (8, False)], "req/s") == (
+        "4 req/s (the next probe up, 8, missed; the search stopped at experiment.max_probes=4 "
+        "before narrowing to its tolerance)")
+    # a miss below the answer: latencies not monotonic in load
+    assert answer(_exp(), [(4, True), (8, False), (6, True), (2, False)], "req/s") == \
+        "6 req/s (the next probe up, 8, missed; probes below it missed too: 2)"
 
 
 def test_an_e2e_slo_is_judged_at_every_allowed_percentile():
