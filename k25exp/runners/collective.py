@@ -147,12 +147,16 @@ def nccl_choice_tags(spec: CollectiveSpec, topo: Topology, out: Path,
     folder.mkdir(parents=True, exist_ok=True)
     env = {**(topo.env or {}), **nccl_log.probe_env(folder.resolve())}
     probe = launch(nccl_log.probe_spec(spec), replace(topo, env=env), folder, wall_limit_s=wall_limit_s)
-    choices, channels, n_logs = nccl_log.read_logs(folder)
-    choices = nccl_log.only_measured(choices, spec)
+    logged, channels, n_logs = nccl_log.read_logs(folder)
+    choices = nccl_log.only_measured(logged, spec)
     if not choices:
         why = f"torchrun exited {probe.returncode}" if not probe.ok else \
-            f"no TUNING lines in {n_logs} rank log(s) (a 1-rank communicator makes no choice)"
-        return {"nccl.choice": f"unknown: {why}"}
+            f"no TUNING lines in {n_logs} rank log(s) (a 1-rank communicator makes no choice)" \
+            if not logged else \
+            (f"NCCL logged no choice for the measured {spec.op} (all-to-all runs as send/recv "
+             "pairs, which log none); the worker's own ops (barriers, gathering results): "
+             + nccl_log.summary(logged))
+        return {"nccl.choice": f"unknown: {why}"[:5000]}
     rows = nccl_log.table(choices)
     print(tables.write(out / "nccl_choices", NCCL_CHOICE_COLUMNS, rows,
                        "What NCCL chose (its TUNING log, untimed probe job)"), flush=True)
