@@ -169,7 +169,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                                     continuous_usage=exp.continuous_usage,
                                     temperature=exp.temperature, seed=exp.seed) as client:
             with Progress(exp.progress) as progress:
-                ph = Phases(exp, conn, client, prompt, jsonl, progress, time.perf_counter())
+                t0 = time.perf_counter()  # every record's times (sent_s, scheduled_s) count from here
+                ph = Phases(exp, conn, client, prompt, jsonl, progress, t0)
                 if exp.warmup:
                     ph.write(await ph.run("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS))
                     _check_alive(conn, "warm-up")
@@ -177,7 +178,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     summary.update(await _single_stream(ph, rec, cache))
                 for c in sweep_levels(exp):
                     try:
-                        figs = await _level(ph, c, rec, cache, len(measured))
+                        figs = await _level(ph, c, rec, cache, measured_before=len(measured))
                     except (ServerDied, ServerError):
                         finish(out, exp, rows, measured, summary, rec, jsonl)  # the levels so far
                         raise
@@ -227,11 +228,11 @@ async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, fl
     return single
 
 
-async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, done: int) -> dict:
+async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_before: int) -> dict:
     """One level of the sweep (concurrency c, or c req/s in the open loop), `repeats` times
     pooled: its figures, logged at the level's step. A server that died or an endpoint that
-    stopped answering raises, after logging what the level completed; `done`: the levels
-    measured before this one, for the message."""
+    stopped answering raises, after logging what the level completed (`measured_before`: the
+    levels measured before this one, for its message)."""
     exp, conn, http = ph.exp, ph.conn, ph.client.http
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
@@ -257,10 +258,10 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, done: int) ->
         rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]},
                         step=step_of(exp, c))
         raise ServerDied(f"vLLM died during level {lvl} ({figs['completed']} of {figs['requests']} "
-                         f"requests completed; {done} level(s) measured before it); last lines of its "
-                         f"log:\n{conn.log_tail()}")
+                         f"requests completed; {measured_before} level(s) measured before it); "
+                         f"last lines of its log:\n{conn.log_tail()}")
     if completed(res) == 0 and conn.managed is None:
-        ph.figures(res, {})  # writes the failed requests' records
+        ph.figures(res, {})  # marks the failed requests' stalls and writes their records
         try:
             await http.get("/health", timeout=5.0)
         except httpx.HTTPError as e:

@@ -46,7 +46,8 @@ def completed(res: dict) -> int:
 
 
 class Phases:
-    """Runs a job's phases against one server, through one client, into one requests.jsonl."""
+    """Runs a job's phases (warm-up, single stream, each level) against one server, through one
+    client, into one requests.jsonl: `run` one, then `figures` of it (which writes it)."""
 
     def __init__(self, exp: MacroConfig, conn: Connection, client: CompletionClient,
                  prompt: Callable[[int], object], jsonl: BinaryIO, progress: Progress, t0: float):
@@ -76,7 +77,7 @@ class Phases:
                 log.warning("fault: killing the server at concurrency %d", level)
                 self.conn.managed.kill(signal.SIGKILL)
 
-        def prompt(i: int):
+        def nth_prompt(i: int):
             return self.prompt(first_prompt + i)
 
         # No garbage collection while a level runs: a full pass over the half million objects
@@ -87,15 +88,16 @@ class Phases:
             if rate is not None:
                 due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
                                exact=exp.exact_rate and n is not None)
-                res = await run_open_level(self.client, prompt, phase=name, level=level, due_s=due,
-                                           max_tokens=exp.output_tokens, t0=self.t0,
+                res = await run_open_level(self.client, nth_prompt, phase=name, level=level,
+                                           due_s=due, max_tokens=exp.output_tokens, t0=self.t0,
                                            max_concurrency=max_in_flight(exp),
                                            input_tokens=exp.input_tokens, on_record=on_record,
                                            should_stop=self.dead)
                 res["rate"] = rate
             else:
-                res = await run_level(self.client, prompt, phase=name, level=level, concurrency=c,
-                                      max_tokens=exp.output_tokens, t0=self.t0, n_requests=n,
+                res = await run_level(self.client, nth_prompt, phase=name, level=level,
+                                      concurrency=c, max_tokens=exp.output_tokens, t0=self.t0,
+                                      n_requests=n,
                                       duration_s=duration, input_tokens=exp.input_tokens,
                                       on_record=on_record, should_stop=self.dead,
                                       ramp_s=exp.ramp_s if name == "sweep" else 0.0)

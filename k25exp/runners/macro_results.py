@@ -35,6 +35,7 @@ def row(level: float, figs: dict) -> list:
     """A level's row of the result table: a percentile too few samples allow reads 'n<N'."""
     return [level] + [figs.get(k, suppressed(figs, k)) for k in ROW_KEYS] + [invalid_reason(figs) or None]
 
+
 def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dict,
             rec: Recorder, jsonl) -> None:
     """Summary figures, table and plots from the levels measured so far."""
