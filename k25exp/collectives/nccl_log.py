@@ -79,10 +79,11 @@ def measured_ops(spec) -> set[tuple[str, int]]:
 
 
 def only_measured(choices: list[Choice], spec) -> list[Choice]:
-    """The choices for measured ops: none for all-to-all (NCCL runs it as send/recv pairs,
-    which log no TUNING line)."""
+    """The choices for measured ops (by size alone where NCCL < 2.23 logged no op name): none
+    for all-to-all (NCCL runs it as send/recv pairs, which log no TUNING line)."""
     want = measured_ops(spec)
-    return [c for c in choices if (c.op, c.nbytes) in want]
+    sizes = {b for _, b in want}
+    return [c for c in choices if (c.op, c.nbytes) in want or (c.op == "?" and c.nbytes in sizes)]
 
 
 def table(choices: list[Choice]) -> list[tuple[str, int, str, str, str, int]]:

@@ -70,8 +70,8 @@ class CompletionClient:
         sent = time.perf_counter()
         rec["sent_s"] = sent - t0
         if "scheduled_s" in rec:
-            # the client's own lateness: from when the request could go (it was due and, under
-            # an open loop's max_concurrency, a slot was free: ready_s)
+            # the client's own lateness: from when the request could go (it was due and, in an
+            # open loop under a cap, it had waited its queue_ms for a slot: ready_s)
             rec["lag_ms"] = (rec["sent_s"] - rec.get("ready_s", rec["scheduled_s"])) * 1e3
         rec.update(status=None, error=None, chunk_s=[], chunk_tokens=[], usage=None,
                    malformed=0, done=False)
@@ -271,7 +271,8 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
                          on_record: Optional[Callable[[dict], None]] = None,
                          should_stop: Optional[Callable[[], bool]] = None) -> dict:
     """Open loop: request i is due at due_s[i] seconds after the level starts, whatever the
-    responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency, a due
+    responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency (the macro
+    runner always gives one: experiment.max_concurrency, else its own cap of 256), a due
     request waits in the client for a free slot: that wait is its queue_ms, and counts in its
     latency from the scheduled send (ttft_sched, e2e_sched) but not in its lag_ms (the client's
     own lateness, which flags a level). Returns as run_level, plus "due_s"."""
@@ -294,10 +295,14 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
         if slots is None:
             await client.complete(prompt(i), max_tokens, rec, t0)
         else:
+            asked = time.perf_counter()
             async with slots:
-                # the wait for a slot is the cap's doing, not the client's lateness: queue_ms
-                rec["ready_s"] = max(time.perf_counter() - t0, rec["scheduled_s"])
-                rec["queue_ms"] = (rec["ready_s"] - rec["scheduled_s"]) * 1e3
+                # The wait for a slot is the cap's doing: queue_ms. Lateness in waking up for
+                # the due time (before asking) stays the client's: lag_ms counts from ready_s.
+                rec["queue_ms"] = (time.perf_counter() - asked) * 1e3
+                rec["ready_s"] = rec["scheduled_s"] + rec["queue_ms"] / 1e3
+                if should_stop and should_stop():  # the server died while this one queued
+                    return
                 await client.complete(prompt(i), max_tokens, rec, t0)
         records.append(rec)
         if on_record:

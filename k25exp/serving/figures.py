@@ -17,8 +17,8 @@ Per level (requests that failed count in `errors` only):
     request_s      successful requests / wall time
     client_lag_ms_p99   p99 of (actual − scheduled send time), the scheduled time of a
                    worker's next request being the end of its previous response; in an open
-                   loop with max_concurrency, from when a slot was free (the wait for one is
-                   the request's queue_ms: in ttft_sched/e2e_sched, not here)
+                   loop less the request's wait for a slot under the cap (max_concurrency, else
+                   256): that wait is its queue_ms, in ttft_sched/e2e_sched, not here
     client_loop_lag_ms_mean/p50/p99  how late the client's event loop woke a 10 ms sleeper:
                    chunk arrival times are stamped that late. Its p99 also shows the client
                    being preempted (on a CPU box the server's threads share its cores)

@@ -81,6 +81,22 @@ def test_latency_from_the_scheduled_send_counts_the_wait_for_a_slot():
     assert f["client_lag_ms_max"] < 10 and f["client_lagged"] == 0.0
 
 
+def test_lateness_before_the_due_time_is_client_lag_even_under_a_cap():
+    # the event loop is blocked 60 ms from 70 ms on, so the request due at 100 ms goes out at
+    # ~130 ms: 30 ms late with every slot free. That is the client's lag, not a queue.
+    with StubThread(gap_s=0.001) as stub:
+        async def go():
+            async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
+                asyncio.get_running_loop().call_later(0.07, time.sleep, 0.06)
+                return await run_open_level(c, lambda i: "fine", phase="sweep", level=1,
+                                            due_s=[0.1], max_tokens=2, t0=time.perf_counter(),
+                                            max_concurrency=4)
+
+        (r,) = asyncio.run(go())["records"]
+    assert r["queue_ms"] < 5 and r["lag_ms"] > 20
+    assert (r["queue_ms"] + r["lag_ms"]) / 1e3 == pytest.approx(r["sent_s"] - r["scheduled_s"], abs=1e-9)
+
+
 def test_open_loop_sends_on_schedule_and_the_rate_check_says_so():
     due = schedule(20.0, 1.0, seed=3, n=30)
     with StubThread(gap_s=0.001) as stub:

@@ -105,18 +105,31 @@ def test_repeats_pool_every_request_and_log_the_spread(model, tmp_path):
     assert 5 < per_rep[0] and per_rep[2] < 20  # the fake's 10 ms gap
 
 
-def test_an_uncapped_open_loop_names_the_clients_cap_and_queues_there(model, tmp_path):
+def test_an_uncapped_open_loop_names_the_clients_cap_and_queues_there(model, tmp_path, monkeypatch):
     """An open loop without max_concurrency is still capped by the client (a socket per
-    request in flight): the tag names that cap, and a request over it would wait in the
-    client's queue (queue_ms), measured, not inside the HTTP library, inside its TTFT."""
-    _, rec, _ = run_macro(tmp_path, *fake_overrides(model, tmp_path), "experiment.load=open",
-                          "experiment.request_rate=[40,20]", "experiment.limit_points=1",
+    request in flight): the tag names that cap, and requests over it wait in the client's
+    queue (queue_ms), measured, not inside the HTTP library's pool, where the wait would land
+    in their TTFT. The cap is lowered to 2 here; 6 requests are due within ~5 ms, each served
+    in ~90 ms (60 ms to the first token, then 3 more 10 ms apart)."""
+    from k25exp.runners import macro, macro_phases
+
+    monkeypatch.setattr(macro_phases, "OPEN_LOOP_CAP", 2)
+    monkeypatch.setattr(macro, "OPEN_LOOP_CAP", 2)
+    _, rec, _ = run_macro(tmp_path, *fake_overrides(model, tmp_path, "FAKE_VLLM_TTFT_MS=60",
+                                                    "FAKE_VLLM_GAP_MS=10"),
+                          "experiment.load=open", "experiment.request_rate=[1000,20]",
+                          "experiment.burstiness=1000", "experiment.limit_points=1",
                           "experiment.requests=6", "experiment.reset_prefix_cache=false")
     load = rec.tags["macro.load"]
-    assert load.startswith("open loop: gamma arrivals (burstiness 1; 1 = Poisson) at [40.0] req/s")
-    assert "at most 256 in flight (the client's cap; max_concurrency unset)" in load
+    assert load.startswith("open loop: gamma arrivals (burstiness 1000; 1 = Poisson) at [1000.0] req/s")
+    assert "at most 2 in flight (the client's cap; max_concurrency unset)" in load
     assert "closed" not in rec.tags["macro.client"]
-    sweep = [orjson.loads(x) for x in (tmp_path / "requests.jsonl").read_bytes().splitlines()
-             if b'"phase":"sweep"' in x]
-    assert len(sweep) == 6 and all(r["queue_ms"] >= 0 and r["lag_ms"] >= 0 for r in sweep)
-    assert rec.latest("target_rate_req_s") == {40000: 40.0}  # the limited sweep: one level
+    sweep = sorted((orjson.loads(x) for x in (tmp_path / "requests.jsonl").read_bytes().splitlines()
+                    if b'"phase":"sweep"' in x), key=lambda r: r["sent_s"])
+    assert len(sweep) == 6 and all(r["ok"] for r in sweep)
+    # two at a time: the last two waited about two services for a slot ...
+    assert sweep[-1]["queue_ms"] > 120 and sweep[0]["queue_ms"] < 20
+    # ... and not one of them waited after it was sent: TTFT is the server's 60 ms throughout
+    assert max(r["ttft_s"] for r in sweep) < 0.11, [round(r["ttft_s"], 3) for r in sweep]
+    assert all(r["ttft_sched_s"] >= r["ttft_s"] + r["queue_ms"] / 1e3 - 1e-6 for r in sweep)
+    assert rec.latest("target_rate_req_s") == {1000000: 1000.0}  # the limited sweep: one level
