@@ -123,11 +123,21 @@ def _waiter(conn: socket.socket, req: dict, fds: list[int]) -> None:
 
 def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     head, fds, _, _ = socket.recv_fds(conn, 4, 3)
-    (size,) = struct.unpack("!I", head)
-    body = b""
-    while len(body) < size:
-        body += conn.recv(size - len(body))
-    return json.loads(body), list(fds)
+    try:
+        if len(head) != 4:
+            raise ConnectionError("client closed before its request")
+        (size,) = struct.unpack("!I", head)
+        body = b""
+        while len(body) < size:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                raise ConnectionError("client closed mid-request")
+            body += chunk
+        return json.loads(body), list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def serve(path: str) -> None:
@@ -150,7 +160,11 @@ def serve(path: str) -> None:
     sys.stderr.flush()
     while True:
         conn, _ = srv.accept()
-        req, fds = _recv_request(conn)
+        try:
+            req, fds = _recv_request(conn)
+        except (OSError, ValueError):  # a client killed mid-request (a wall-clock kill, say)
+            conn.close()
+            continue
         if os.fork() == 0:
             srv.close()
             _waiter(conn, req, fds)
