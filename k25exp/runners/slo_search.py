@@ -54,14 +54,20 @@ def verdict(figs: dict, slo: dict, q: int) -> tuple[bool, str]:
     return not why, "; ".join(why)
 
 
+def bracket(history: list[tuple[float, bool]]) -> tuple[Optional[float], Optional[float]]:
+    """(the highest load that met, the lowest load above it that did not): None where there is
+    none (with nothing met, the lowest load that did not)."""
+    passed = max((x for x, m in history if m), default=None)
+    failed = min((x for x, m in history if not m and (passed is None or x > passed)), default=None)
+    return passed, failed
+
+
 class Search:
     """Bracketing then bisection over a load axis; `probe(x)` says whether x meets."""
 
     def __init__(self, exp: SloSearchConfig):
         self.exp = exp
         self.integer = exp.search_over == "concurrency"
-        self.passed: Optional[float] = None  # highest load that met
-        self.failed: Optional[float] = None  # lowest load that did not
 
     def _round(self, x: float) -> float:
         return float(max(1, round(x))) if self.integer else x
@@ -73,25 +79,18 @@ class Search:
             return None
         if not history:
             return self._round(e.start)
-        ok = [x for x, m in history if m]
-        bad = [x for x, m in history if not m]
-        self.passed = max(ok) if ok else None
-        above = [x for x in bad if self.passed is None or x > self.passed]
-        self.failed = min(above) if above else None
-        if self.passed is None:  # nothing met yet: halve
-            x = self._round(min(bad) / 2)
-            return x if x >= e.lowest and x < min(bad) else None
-        if self.failed is None:  # everything met: double
-            x = self._round(self.passed * 2)
-            return x if x <= e.highest and x > self.passed else None
-        if self._close_enough():
+        passed, failed = bracket(history)
+        if passed is None:  # nothing met yet: halve
+            x = self._round(failed / 2)
+            return x if x >= e.lowest and x < failed else None
+        if failed is None:  # everything met: double
+            x = self._round(passed * 2)
+            return x if x <= e.highest and x > passed else None
+        if self.done(passed, failed):
             return None
-        x = self._round((self.passed + self.failed) / 2) if not self.integer else float(
-            math.floor((self.passed + self.failed) / 2))
-        return x if self.passed < x < self.failed else None
-
-    def _close_enough(self) -> bool:
-        return self.done(self.passed, self.failed)
+        x = self._round((passed + failed) / 2) if not self.integer else float(
+            math.floor((passed + failed) / 2))
+        return x if passed < x < failed else None
 
     def done(self, passed: float, failed: float) -> bool:
         """Whether the bracket [passed, failed) is narrow enough to stop."""
@@ -147,7 +146,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                        f"slo_search over {unit}: p{exp.percentile} of "
                        + ", ".join(f"{k} <= {v:g}" for k, v in slo.items())), flush=True)
     _plot(out, exp, history, rows)
-    passed = max((x for x, m in history if m), default=None)
+    passed, failed = bracket(history)
     summary = {"probes": float(len(history))}
     if passed is None:
         rec.log_metrics(summary)
@@ -160,7 +159,6 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                                 f"down to experiment.lowest={exp.lowest:g}")
                              + f": {rows[-1][-1]}")
     summary[answer_key] = passed
-    failed = min((x for x, m in history if not m and x > passed), default=None)
     if failed is not None:
         summary["lowest_failing_load"] = failed
     rec.log_metrics(summary)
@@ -172,8 +170,7 @@ def answer(exp: SloSearchConfig, history: list[tuple[float, bool]], unit: str) -
     """The answer in words: the highest load that met the SLO, and why the search stopped
     there (a miss above it, the highest allowed load, or the probe budget), with any probe
     below it that missed (latencies that are not monotonic in load: a noisy answer)."""
-    passed = max(x for x, m in history if m)
-    failed = min((x for x, m in history if not m and x > passed), default=None)
+    passed, failed = bracket(history)
     out_of_probes = len(history) >= exp.max_probes
     if failed is None:
         why = (f"every probe met it; the search stopped at experiment.max_probes={exp.max_probes} "
