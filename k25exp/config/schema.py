@@ -453,9 +453,9 @@ class MacroConfig(Registered):
     # The sweep's load. closed: `concurrency` workers, each sending its next request when its
     # last one ended (step = concurrency). open: requests arrive at `request_rate` req/s
     # whatever the responses do, gamma gaps of shape `burstiness` (1 = Poisson, vLLM's
-    # definition), at most `max_concurrency` in flight (null: 256, the client's own cap: one socket per
-    # request in flight); step = rate × 1000
-    # (MLflow steps are integers), the rate itself is the metric target_rate_req_s.
+    # definition), at most `max_concurrency` in flight (null: 256, the client's own cap: one
+    # socket per request in flight); step = rate × 1000 (MLflow steps are integers), the rate
+    # itself is the metric target_rate_req_s.
     load: str = "closed"
     request_rate: List[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
     burstiness: float = 1.0

@@ -150,13 +150,15 @@ def nccl_choice_tags(spec: CollectiveSpec, topo: Topology, out: Path,
     logged, channels, n_logs = nccl_log.read_logs(folder)
     choices = nccl_log.only_measured(logged, spec)
     if not choices:
-        why = f"torchrun exited {probe.returncode}" if not probe.ok else \
-            f"no TUNING lines in {n_logs} rank log(s) (a 1-rank communicator makes no choice)" \
-            if not logged else \
-            ((f"NCCL logged no choice for the measured {spec.op} (it runs as send/recv pairs, "
-              "which log none)" if spec.op == "all_to_all" else
-              f"NCCL logged no choice at the measured {spec.op} sizes")
-             + "; the worker's own ops (barriers, gathering results): " + nccl_log.summary(logged))
+        if not probe.ok:
+            why = f"torchrun exited {probe.returncode}"
+        elif not logged:
+            why = f"no TUNING lines in {n_logs} rank log(s) (a 1-rank communicator makes no choice)"
+        else:
+            why = (f"NCCL logged no choice for the measured {spec.op} (it runs as send/recv pairs, "
+                   "which log none)" if spec.op == "all_to_all" else
+                   f"NCCL logged no choice at the measured {spec.op} sizes")
+            why += "; the worker's own ops (barriers, gathering results): " + nccl_log.summary(logged)
         return {"nccl.choice": f"unknown: {why}"[:5000]}
     rows = nccl_log.table(choices)
     print(tables.write(out / "nccl_choices", NCCL_CHOICE_COLUMNS, rows,
