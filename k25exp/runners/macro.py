@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from k25exp.config.schema import K25Config, MacroConfig
-from k25exp.runners.macro_phases import OPEN_LOOP_CAP, Phases, completed, max_in_flight
+from k25exp.runners.macro_phases import Phases, completed, max_in_flight
 from k25exp.runners.macro_results import finish, row
 from k25exp.runners.server_run import copy_server_log, record_server
 from k25exp.serving import admin, repeats
@@ -280,8 +280,8 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
 
 def _load_tag(exp: MacroConfig) -> str:
     if exp.load == "open":
-        cap = (f", at most {exp.max_concurrency} in flight" if exp.max_concurrency else
-               f", at most {OPEN_LOOP_CAP} in flight (the client's cap; max_concurrency unset)")
+        cap = f", at most {max_in_flight(exp)} in flight" + (
+            "" if exp.max_concurrency else " (the client's cap; max_concurrency unset)")
         return (f"open loop: gamma arrivals (burstiness {exp.burstiness:g}; 1 = Poisson) at "
                 f"{sweep_levels(exp)} req/s{cap}; latencies also from the scheduled send; "
                 "step = rate x 1000")

@@ -120,9 +120,7 @@ class Phases:
         else against the level's median request TPOT; then writes the records."""
         exp = self.exp
         step = srv.get("server_tpot_ms_mean")
-        figs = level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
-                             exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
-                             self.rule, step_ref_s=step / 1e3 if step else None)
+        figs = self._client_figures(res, step_ref_s=step / 1e3 if step else None)
         figs.update(srv)
         gap = tpot_gap_pct(figs)  # client's TPOT against the server's
         if gap is not None:
@@ -139,7 +137,10 @@ class Phases:
 
     def repeat_figures(self, reps: list[dict]) -> list[dict]:
         """Each repeat's own figures (client view only), for the spread between repeats."""
+        return [self._client_figures(x) for x in reps]
+
+    def _client_figures(self, res: dict, step_ref_s: Optional[float] = None) -> dict:
         exp = self.exp
-        return [level_figures(x["records"], x["wall_s"], x["cpu_s"], x["loop_lag_ms"],
-                              exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens, self.rule)
-                for x in reps]
+        return level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
+                             exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
+                             self.rule, step_ref_s=step_ref_s)
