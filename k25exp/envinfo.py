@@ -10,6 +10,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+from k25exp import vllm_kernels
+
 UNAVAILABLE = "unavailable"
 
 
@@ -74,14 +76,18 @@ def _read(path: str) -> str | None:
 
 
 def cpu_tags() -> dict[str, str]:
-    """CPU model, cores, the cores this process may run on, and the frequency governor (a
-    `powersave` box times slower than a `performance` one of the same model)."""
+    """CPU model, its ISA flags, cores, the cores this process may run on, and the frequency
+    governor (a `powersave` box times slower than a `performance` one of the same model)."""
     names = local_device_names("cpu")
     try:
         affinity = str(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         affinity = UNAVAILABLE
+    flags = vllm_kernels.cpu_flags()
     return {"env.cpu_model": names[0] if names else UNAVAILABLE,
+            # the ISA flags that decide vLLM's CPU kernel build (and AMX, which it uses)
+            "env.cpu_isa_flags": " ".join(f for f, on in flags.items() if on) or "none of "
+                                 + " ".join(flags),
             "env.cpu_cores": str(os.cpu_count() or UNAVAILABLE),
             "env.cpu_affinity": affinity,
             "env.cpu_governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")

@@ -250,5 +250,7 @@ def campaign_full(tmp_path_factory):
 
     c = run_campaign(tmp_path_factory.mktemp("campaign"), "c-full", *CAMPAIGN_ARGS)
     assert c.proc.returncode == 0, c.proc.stdout[-3000:] + c.proc.stderr[-3000:]
-    assert not orphans(), "vLLM processes left after the campaign"
+    # the campaign's servers, by the process groups its runs logged (server.pid = group id)
+    groups = {int(r.data.tags["server.pid"]) for r in c.runs if "server.pid" in r.data.tags}
+    assert groups and not orphans(groups=groups), "vLLM processes left after the campaign"
     return c

@@ -40,6 +40,10 @@ class TorchComm:
         return {"communicator": "torch", "impl": f"torch.distributed ({dist.get_backend()})"}
 
 
+# What describe() says of vLLM's CPU shared-memory all-reduce (the AVX-512 builds' only).
+SHM_IMPL = "shm (vLLM _CPUSHMDistributed, _C::shm_allreduce)"
+
+
 class VllmComm:
     """vLLM's TP group over all ranks of this torchrun (TP = world size)."""
 
@@ -50,10 +54,11 @@ class VllmComm:
         # of one run must agree on it and no other run may (the run id torchrun gives them).
         os.environ.setdefault("VLLM_DIST_IDENT", "k25exp-" + os.environ.get(
             "TORCHELASTIC_RUN_ID", os.environ.get("MASTER_PORT", "0")))
-        try:
-            import vllm._C  # noqa: F401  registers torch.ops._C (the CPU build's shm ops)
-        except ImportError:
-            pass
+        from k25exp import vllm_kernels
+
+        # vLLM's own pick of its kernel build (never `import vllm._C`: the AVX-512 one, which
+        # dies with SIGILL on an AVX2-only CPU); registers torch.ops._C, the CPU shm ops.
+        self.cpu_isa = vllm_kernels.load()
         from vllm.config import VllmConfig, set_current_vllm_config
         from vllm.distributed import init_distributed_environment, initialize_model_parallel
         from vllm.distributed.parallel_state import get_tp_group
@@ -83,8 +88,8 @@ class VllmComm:
         out = {"communicator": "vllm", "device_communicator": type(dc).__name__}
         if hasattr(dc, "dist_module"):  # CPU build
             dm = type(dc.dist_module).__name__
-            out["impl"] = ("shm (vLLM _CPUSHMDistributed, _C::shm_allreduce)"
-                           if dm == "_CPUSHMDistributed" else f"torch.distributed via vLLM ({dm})")
+            out["impl"] = (SHM_IMPL if dm == "_CPUSHMDistributed"  # else the AVX2 build's path
+                           else f"torch.distributed ({dist.get_backend(self.tp.device_group)}) via vLLM")
             return out
         out["impl"] = ", ".join(f"{label}: {_cuda_pick(dc, t)}" for label, t in sizes)
         return out

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from k25exp.redact import redact_env
+from k25exp import vllm_kernels
 from k25exp.collectives.comm import TorchComm, make_comm
 from k25exp.collectives.spec import CollectiveSpec, Point
 
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print("usage: torchrun ... -m k25exp.collectives.worker SPEC.json OUT_DIR", file=sys.stderr)
         return 2
+    vllm_kernels.cap_from_env()  # hardware.vllm_cpu_isa, before vLLM loads its kernels
     spec = CollectiveSpec.load(Path(argv[0]))
     out_dir = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -302,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
                 gathered.write("".join(json.dumps(r) + "\n" for r in everyone))
                 gathered.flush()
 
-        write(env_record(rank, world, device, spec.backend))
+        env = env_record(rank, world, device, spec.backend)
+        if getattr(comm, "cpu_isa", None):
+            env["vllm_cpu_isa"] = comm.cpu_isa  # the kernel build this rank loaded
+        write(env)
         for i, p in enumerate(spec.points):
             if spec.fault_kill_rank == rank and spec.fault_at_point == i:
                 f.write(json.dumps({"kind": "fault", "rank": rank, "point": i}) + "\n")

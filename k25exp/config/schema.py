@@ -99,6 +99,11 @@ class HardwareConfig:
     nccl_p2p: bool = True
     # Extra environment for the collective workers, e.g. {NCCL_DEBUG: INFO}.
     env: Dict[str, str] = field(default_factory=dict)
+    # CPU build of vLLM: the highest ISA its kernel choice may see (avx2 | avx512 |
+    # avx512_bf16; null = what the CPU has, vLLM's own choice). avx2 on an AVX-512 machine runs
+    # the path an AVX2-only CPU takes (no shared-memory all-reduce: gloo) in the server, the
+    # collective ranks and the GEMM job alike. Tag vllm.cpu_isa says what each loaded.
+    vllm_cpu_isa: Optional[str] = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from k25exp import vllm_kernels
 from k25exp.config.schema import (
     EXPERIMENT_SCHEMAS,
     AllReduceSweepConfig,
@@ -76,6 +77,12 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
     if "NCCL_P2P_DISABLE" in hw.env:
         p.append("hardware.env.NCCL_P2P_DISABLE: set hardware.nccl_p2p=false instead (one "
                  "logged param, the same for every experiment)")
+    if hw.vllm_cpu_isa is not None:
+        if hw.device != "cpu":
+            p.append(f"hardware.vllm_cpu_isa={hw.vllm_cpu_isa!r} caps the CPU build's kernel "
+                     f"choice; hardware.device={hw.device!r} is not cpu (set it to null)")
+        elif why := vllm_kernels.check_level(hw.vllm_cpu_isa, vllm_kernels.native_level()):
+            p.append(f"hardware.vllm_cpu_isa: {why}")
     if hw.tp > 0 and hw.world_size > 0 and hw.world_size % hw.tp:
         p.append(f"hardware.tp={hw.tp} must divide hardware.world_size={hw.world_size} "
                  f"(nnodes {hw.nnodes} × nproc_per_node {hw.nproc_per_node})")

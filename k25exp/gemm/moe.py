@@ -75,7 +75,10 @@ def reference_grouped_moe(w13: Tensor, w2: Tensor, topk_w: Tensor, topk_ids: Ten
 
 def vllm_fused_moe(w13: Tensor, w2: Tensor, topk_w: Tensor, topk_ids: Tensor) -> MoeFn:
     try:
-        import vllm._custom_ops as ops  # noqa: F401  (registers torch.ops._C)
+        from k25exp import vllm_kernels
+
+        vllm_kernels.load()  # vLLM's own pick of its kernel build (registers torch.ops._C)
+        import vllm._custom_ops as ops
     except Exception as e:
         raise Unavailable(f"vLLM is not importable here ({type(e).__name__}: {e})") from None
     if w13.device.type == "cpu":

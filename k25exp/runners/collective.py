@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
-from k25exp import tables
+from k25exp import tables, vllm_kernels
 from k25exp.collectives import nccl_log
 from k25exp.collectives.launch import LaunchOutcome, Topology, launch
 from k25exp.collectives.results import RankFiles, read_rank_files
@@ -85,6 +85,10 @@ def env_tags(files: RankFiles) -> dict[str, str]:
         tags["cuda_version"] = e0["cuda"]
     if e0["backend"] == "gloo":
         tags["gloo_version"] = f"bundled with torch {e0['torch']}"
+    isa = {e["rank"]: e["vllm_cpu_isa"] for e in files.env if "vllm_cpu_isa" in e}
+    if isa:  # vLLM's kernel build, per rank: one value when they agree
+        tags["vllm.cpu_isa"] = (next(iter(isa.values())) if len(set(isa.values())) == 1 else
+                                ", ".join(f"rank{r}: {v}" for r, v in sorted(isa.items())))
     return tags
 
 
@@ -107,6 +111,8 @@ def rank_env(hw) -> dict[str, str]:
     env = {k: str(v) for k, v in hw.env.items()}
     if not hw.nccl_p2p:
         env["NCCL_P2P_DISABLE"] = "1"
+    if hw.vllm_cpu_isa:
+        env[vllm_kernels.ENV] = hw.vllm_cpu_isa
     return env
 
 

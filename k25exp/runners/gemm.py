@@ -20,7 +20,7 @@ import orjson
 
 import torch
 
-from k25exp import plots, tables
+from k25exp import plots, tables, vllm_kernels
 from k25exp.config.schema import GemmConfig, K25Config
 from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
@@ -88,6 +88,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     threads_before = torch.get_num_threads()
     if exp.threads and device.type == "cpu":
         torch.set_num_threads(exp.threads)
+    isa = cfg.hardware.vllm_cpu_isa if device.type == "cpu" else None
+    uncap = vllm_kernels.cap(isa) if isa else (lambda: None)  # before vLLM loads its kernels
     ms, regime = m_sweep(cfg)
     tables.write(out / "moe_regime", [tables.Column("concurrency", "{}"),
                                        tables.Column("tokens/expert", "{:.3f}", 14),
@@ -164,7 +166,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     finally:
         samples.close()
         torch.set_num_threads(threads_before)
+        uncap()
         _write_tables(out, rows, cfg)
+        if device.type == "cpu" and (found := vllm_kernels.builds()):
+            rec.set_tags({"vllm.cpu_isa": vllm_kernels.describe(found)})
     summary = {"kernels_failed": float(len({f.split(' ')[0] for f in failures}))}
     rec.log_metrics(summary)
     if failures:

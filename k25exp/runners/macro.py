@@ -34,10 +34,10 @@ import httpx
 from k25exp.config.schema import K25Config, MacroConfig
 from k25exp.runners.macro_phases import Phases, completed, max_in_flight
 from k25exp.runners.macro_results import finish, row
-from k25exp.runners.server_run import copy_server_log, record_server
+from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving import admin, repeats
 from k25exp.serving.client import CompletionClient
-from k25exp.serving.endpoint import Connection, connect
+from k25exp.serving.endpoint import Connection
 from k25exp.serving.errors import ServerDied, ServerError
 from k25exp.serving.figures import describe_invalid
 from k25exp.serving.progress import Progress
@@ -124,8 +124,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     t = time.perf_counter()
     generated: list[Path] = []
     try:
-        conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
-                       on_generate=generated.append, redact=cfg.tracking.redact)
+        conn = connect_server(cfg, on_generate=generated.append)
     except ServerError as e:
         rec.log_metrics({"server_starts": 0})
         log_path = getattr(e, "log_path", None)

@@ -21,11 +21,11 @@ import httpx
 import orjson
 
 from k25exp.config.schema import K25Config, ProfileConfig, TraceBreakdownConfig
-from k25exp.runners.server_run import copy_server_log, record_server
+from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving.answers import refuse_html
 from k25exp.serving.client import CompletionClient, run_level
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
-from k25exp.serving.server import Connection, ServerError, connect
+from k25exp.serving.server import Connection, ServerError
 from k25exp.traces import analyze, summary_text, write_outputs
 from k25exp.tracking.recorder import Recorder
 
@@ -40,8 +40,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ProfileConfig = cfg.experiment
     logging.getLogger("httpx").setLevel(logging.WARNING)
     trace_dir = _trace_dir(cfg)
-    conn = connect(cfg.server, cfg.model, cfg.seed, cfg.hardware.device,
-                   redact=cfg.tracking.redact)
+    conn = connect_server(cfg)
     record_server(cfg, conn, rec)
     rec.set_tags({"profile.note": "latencies under the profiler are not performance figures "
                   "and are not logged; see experiment=macro",

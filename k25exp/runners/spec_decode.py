@@ -77,7 +77,7 @@ def _running(cfg: K25Config, model_path: Path) -> bool:
         return False
     try:
         key = srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device,
-                                  cfg.tracking.redact).key()
+                                  cfg.tracking.redact, cfg.hardware.vllm_cpu_isa).key()
     except srv_mod.ServerError:
         return False
     return any(s.key == key for s in srv_mod.running())

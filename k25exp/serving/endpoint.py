@@ -82,9 +82,9 @@ class Connection:
 
 def connect(server: ServerConfig, model: ModelConfig, seed: int, device: str,
             on_generate: Optional[Callable[[Path], None]] = None,
-            redact: Iterable[str] = ()) -> Connection:
+            redact: Iterable[str] = (), cpu_isa: Optional[str] = None) -> Connection:
     """Launches (or reuses) the configured server, or attaches to the endpoint. `redact`:
-    extra env names to keep secret (tracking.redact)."""
+    extra env names to keep secret (tracking.redact); `cpu_isa`: hardware.vllm_cpu_isa."""
     key = api_key(server)
     if server.kind == "endpoint":
         info = wait_endpoint(server.base_url.rstrip("/"), server.served_model_name, key,
@@ -95,7 +95,7 @@ def connect(server: ServerConfig, model: ModelConfig, seed: int, device: str,
     path, generated = resolve_model_path(server, model, seed)
     if generated and on_generate:
         on_generate(path)
-    spec = launch_spec(server, path, device, redact)
+    spec = launch_spec(server, path, device, redact, cpu_isa)
     srv, started = acquire(spec)
     with httpx.Client(base_url=srv.base_url, timeout=5.0) as c:
         version = server_version(c)

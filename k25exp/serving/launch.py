@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from k25exp import vllm_kernels
 from k25exp.config.schema import ModelConfig, ServerConfig
 from k25exp.redact import is_secret, redact_env, scrub
 from k25exp.serving.dev_endpoints import dev_mode_allowed
@@ -107,8 +108,9 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
 
 
 def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
-                redact: Iterable[str] = ()) -> LaunchSpec:
-    """`redact`: env names to treat as secret besides TOKEN/KEY/SECRET/PASSWORD (tracking.redact)."""
+                redact: Iterable[str] = (), cpu_isa: Optional[str] = None) -> LaunchSpec:
+    """`redact`: env names to treat as secret besides TOKEN/KEY/SECRET/PASSWORD (tracking.redact).
+    `cpu_isa`: hardware.vllm_cpu_isa, the highest ISA the CPU build's kernel choice may see."""
     s = server
     env = {"PYTHONUNBUFFERED": "1"}
     if dev_mode_allowed(s):  # /reset_prefix_cache, /start_profile ...: loopback or opted in
@@ -120,6 +122,10 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
             env["VLLM_CPU_OMP_THREADS_BIND"] = split_cpus(s.tp)
         elif s.cpu_threads_bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = s.cpu_threads_bind
+        if cpu_isa:  # every server process caps torch's ISA probes at start (sitecustomize)
+            env[vllm_kernels.ENV] = cpu_isa
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(vllm_kernels.site_dir()), os.environ.get("PYTHONPATH")) if p)
     secret = {}
     for k, v in s.env.items():
         (secret if is_secret(k, redact) else env)[k] = str(v)

@@ -19,7 +19,7 @@ from k25exp.serving.process import ManagedServer
 
 _servers: dict[str, ManagedServer] = {}
 _lock = threading.Lock()
-starts: list[tuple[str, float]] = []  # (key, seconds) of every start in this process
+starts: list[tuple[str, float, int]] = []  # (key, seconds, pid) of every start in this process
 
 
 def acquire(spec: LaunchSpec) -> tuple[ManagedServer, bool]:
@@ -39,7 +39,7 @@ def acquire(spec: LaunchSpec) -> tuple[ManagedServer, bool]:
         install_handlers()  # before the start: a signal during it must stop the server too
         srv = ManagedServer(spec).start()
         _servers[key] = srv
-        starts.append((key, srv.start_s or 0.0))
+        starts.append((key, srv.start_s or 0.0, srv.pid))
         return srv, True
 
 

@@ -123,3 +123,27 @@ def test_p90_is_a_figure_from_ten_calls(tmp_path):
     run(typed(*SMALL, "experiment.kernels=[torch_bf16]", "experiment.calls=10",
               "experiment.m_values=[1]"), tmp_path, rec)
     assert rec.latest("small/torch_bf16/latency_us_p90")[1] >= rec.latest("small/torch_bf16/latency_us")[1]
+
+
+@pytest.mark.vllm  # vLLM's kernels in the job
+def test_vllms_avx2_build_runs_the_fused_moe_and_linear_when_capped(k25):
+    """hardware.vllm_cpu_isa=avx2 in a GEMM job (its own process: a process holds the first
+    kernel build it loads for life): vLLM's fused MoE and its linear dispatch run from the
+    AVX2 build, as on an AVX2-only CPU, and pass the correctness gate (fp32 reference)."""
+    pytest.importorskip("vllm")
+    from k25exp import vllm_kernels
+
+    if vllm_kernels.native_level() is None:
+        pytest.skip("needs an x86 CPU with AVX2")
+    r = k25("experiment=gemm", "model=tiny_kimi", "hardware.vllm_cpu_isa=avx2",
+            "experiment.shapes=[expert_down]", "experiment.m_values=[1,4]",
+            "experiment.moe_concurrency=[]", "experiment.kernels=[torch_bf16,vllm_linear]",
+            "experiment.moe_kernels=[vllm_fused_moe]", "experiment.moe_batches=[1,4]",
+            "experiment.calls=2", "experiment.warmup=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = r.runs()
+    tags, m = run.data.tags, run.data.metrics
+    assert tags["vllm.cpu_isa"] == "avx2" and run.data.params["hardware.vllm_cpu_isa"] == "avx2"
+    assert not any(k.startswith("skipped.") for k in tags), tags
+    for fig in ("moe.tp2/vllm_fused_moe/max_rel_err", "expert_down.tp2/vllm_linear/max_rel_err"):
+        assert 0 <= m[fig] <= 2e-2, fig

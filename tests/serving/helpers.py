@@ -14,17 +14,33 @@ VLLM_MARKS = ("vllm.entrypoints", "VLLM::")  # API server, engine core, TP worke
 FAKE_ENTRYPOINT = "server.entrypoint=[-m,tests.serving.fake_vllm_server]"
 
 
-def vllm_processes(exclude: set[int] = frozenset(),
-                   marks: tuple[str, ...] = VLLM_MARKS) -> list[tuple[int, str]]:
-    """Live processes that belong to a server (vLLM's by default; one fake server's with fake_marks)."""
+def vllm_processes(exclude: set[int] = frozenset(), marks: tuple[str, ...] = VLLM_MARKS,
+                   groups: set[int] | None = None) -> list[tuple[int, str]]:
+    """Live processes that belong to a server (vLLM's by default; one fake server's with
+    fake_marks), only those in the process groups `groups` when given."""
     found = []
     for p in psutil.process_iter(["name", "cmdline", "status"]):
         if p.pid in exclude or p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         name, cmd = p.info["name"] or "", " ".join(p.info["cmdline"] or []) + " "
-        if (marks == VLLM_MARKS and name.startswith("VLLM")) or any(m in cmd for m in marks):
-            found.append((p.pid, f"{name}: {cmd[:120]}"))
+        if not ((marks == VLLM_MARKS and name.startswith("VLLM")) or any(m in cmd for m in marks)):
+            continue
+        try:
+            if groups is not None and os.getpgid(p.pid) not in groups:
+                continue
+        except ProcessLookupError:
+            continue
+        found.append((p.pid, f"{name}: {cmd[:120]}"))
     return found
+
+
+def started_here() -> set[int]:
+    """The process groups of every server this process started: k25exp starts each in a
+    group of its own whose id is the server's pid, and vLLM's engine and workers (whose
+    titles and environment setproctitle overwrites) stay in it."""
+    from k25exp.serving import registry
+
+    return {pid for _, _, pid in registry.starts}
 
 
 def fake_marks(model: Path) -> tuple[str, ...]:
@@ -33,10 +49,17 @@ def fake_marks(model: Path) -> tuple[str, ...]:
     return (f"--model {model} ",)
 
 
-def orphans(grace_s: float = 3.0, marks: tuple[str, ...] = VLLM_MARKS) -> list[tuple[int, str]]:
-    """Server processes that no server of this (pytest) process owns, after a short grace."""
+def orphans(grace_s: float = 3.0, marks: tuple[str, ...] = VLLM_MARKS,
+            groups: set[int] | None = None) -> list[tuple[int, str]]:
+    """Server processes a test started that no running server of this (pytest) process owns,
+    after a short grace. Which a test started: the fake servers' marks name its own model
+    folder; vLLM's are looked for in `groups` (default: the servers this process started),
+    never among every vLLM process on the machine (another test process's, a developer's)."""
+    if marks == VLLM_MARKS and groups is None:
+        groups = started_here()
+
     def left() -> list[tuple[int, str]]:
-        return vllm_processes({p for s in server.running() for p in s.pids()}, marks)
+        return vllm_processes({p for s in server.running() for p in s.pids()}, marks, groups)
 
     wait_until(lambda: not left(), grace_s, 0.2, "orphans gone", raise_timeout=False)
     return left()
