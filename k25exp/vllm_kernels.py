@@ -48,6 +48,10 @@ def cpu_flags(cpuinfo: str | None = None) -> dict[str, bool]:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
+    return _parse(cpuinfo)
+
+
+def _parse(cpuinfo: str) -> dict[str, bool]:
     have: set[str] = set()
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
@@ -107,6 +111,21 @@ def cap_from_env() -> str | None:
     if isa:
         cap(isa)
     return isa
+
+
+def child_env(isa: str) -> dict[str, str]:
+    """What a child process (vLLM server, collective rank) needs to run capped at `isa`: the
+    cap, and compile caches of its own. Inductor's cache key leaves out the vector ISA it
+    picked: a capped process reusing kernels an uncapped one cached gets code for the other
+    width (seen here: vLLM's vocab-parallel embedding mask returned garbage token ids, the
+    server died with "index out of range"). A real AVX2-only machine never mixes the two."""
+    import tempfile
+
+    user = os.environ.get("USER") or str(os.getuid())
+    return {ENV: isa,
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(),
+                                                    f"torchinductor_{user}_isa_{isa}"),
+            "VLLM_CACHE_ROOT": os.path.join(os.path.expanduser("~"), ".cache", f"vllm_isa_{isa}")}
 
 
 def site_dir() -> Path:

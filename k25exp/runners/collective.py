@@ -112,7 +112,7 @@ def rank_env(hw) -> dict[str, str]:
     if not hw.nccl_p2p:
         env["NCCL_P2P_DISABLE"] = "1"
     if hw.vllm_cpu_isa:
-        env[vllm_kernels.ENV] = hw.vllm_cpu_isa
+        env.update(vllm_kernels.child_env(hw.vllm_cpu_isa))
     return env
 
 

@@ -123,7 +123,7 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
         elif s.cpu_threads_bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = s.cpu_threads_bind
         if cpu_isa:  # every server process caps torch's ISA probes at start (sitecustomize)
-            env[vllm_kernels.ENV] = cpu_isa
+            env.update(vllm_kernels.child_env(cpu_isa))
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(vllm_kernels.site_dir()), os.environ.get("PYTHONPATH")) if p)
     secret = {}

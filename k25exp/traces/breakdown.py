@@ -38,6 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from k25exp import stats
+from k25exp.traces import gloo
 from k25exp.traces.comm_split import (
     CommCalls,
     CommSplit,
@@ -98,6 +99,7 @@ class RankBreakdown:
     warnings: list[str] = field(default_factory=list)
     comm: CommCalls | None = None           # communication calls, for the cross-rank split
     comm_split: RankSplit | None = None     # set by analyze() when the ranks could be matched
+    gloo_ext: gloo.Extension | None = None  # CPU traces: collectives given their gloo worker's end
 
     @property
     def steps_analysed(self) -> int:
@@ -253,6 +255,8 @@ def _rank_dict(r: RankBreakdown, top: int) -> dict:
         "overlap_share": r.overlap_share, "busy_ms": r.busy_ms(),
         "metrics": r.metrics(),
         "comm_split": _split_dict(r),
+        "gloo": (None if r.gloo_ext is None else
+                 {"calls_extended": r.gloo_ext.paired, "spans_unclaimed": r.gloo_ext.unclaimed}),
         "top_kernels": [_kernel_dict(k, 100.0 * k.total_us / t) for k in r.kernels[:top]],
         "events_total": r.events_total, "events_kept": r.events_kept,
         "bytes_read": r.bytes_read, "read_s": r.read_s, "analyse_s": r.analyse_s,
@@ -338,10 +342,16 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     del pair, pair_inv
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
-    comm_cats = communication_categories(rules.categories, rules.groups)
-    comm = comm_calls(start, end, trace.lane_id[idx], pair_cat[ev_pair],
-                      [cat_index[c] for c in comm_cats], win, [st.name for st in steps],
-                      "gpu" if device else "cpu", trace.clock_offset_ns)
+    comm_idx = [cat_index[c] for c in communication_categories(rules.categories, rules.groups)]
+    gloo_ext = None
+    if not device:  # a gloo collective's caller blocks until gloo's worker thread is done
+        end, gloo_ext = gloo.extend_to_workers(start, end, trace.lane_id[idx], pair_cat[ev_pair],
+                                               comm_idx, _gloo_spans(trace, rules, cat_index))
+        if gloo_ext.unclaimed:
+            warnings.append(f"{gloo_ext.unclaimed} gloo worker spans had no host collective "
+                            "operator to pair with (left out)")
+    comm = comm_calls(start, end, trace.lane_id[idx], pair_cat[ev_pair], comm_idx, win,
+                      [st.name for st in steps], "gpu" if device else "cpu", trace.clock_offset_ns)
     if device:
         seg_s, seg_e, seg_pair = start, end, ev_pair
     else:
@@ -370,7 +380,15 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         kernels=kernels, annotated_steps=sel.annotated, decode_steps=sel.decode,
         events_total=trace.events_total, events_kept=trace.n_events, bytes_read=trace.bytes_read,
         read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings, comm=comm,
+        gloo_ext=gloo_ext,
     )
+
+
+def _gloo_spans(trace: Trace, rules: Rules, cat_index: dict[str, int]) -> gloo.WorkerSpans:
+    spans = [(cat_index[rules.classify(a.name, a.cat)], a.start_ns, a.end_ns)
+             for a in trace.annotations if a.name.startswith(gloo.PREFIX)]
+    cols = np.array(spans, dtype=np.int64).reshape(-1, 3)
+    return gloo.WorkerSpans(cols[:, 0], cols[:, 1], cols[:, 2])
 
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.I)

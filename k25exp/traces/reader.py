@@ -43,8 +43,9 @@ import orjson
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_CATS = ("cpu_op",)
 ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
-# Annotations worth keeping: vLLM's step markers (execute_...) and torch's ProfilerStep#N.
-ANNOTATION_PREFIXES = ("execute_", "ProfilerStep#")
+# Annotations worth keeping: vLLM's step markers (execute_...), torch's ProfilerStep#N, and
+# gloo's worker-thread spans of the collectives they run (k25exp.traces.gloo).
+ANNOTATION_PREFIXES = ("execute_", "ProfilerStep#", "gloo:")
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 

@@ -77,3 +77,19 @@ def test_tag_diff_over_paired_runs_only():
     a, b = Side("a", "campaign", [ma, nb]), Side("b", "campaign", [mb])
     assert tag_diff(a, b) == [("backend", "gloo", "(absent)"), ("vllm.enforce_eager", "true", "false")]
     assert tag_diff(a, b, [Pair("macro", {}, ma, mb)]) == [("vllm.enforce_eager", "true", "false")]
+
+
+def test_the_cpu_isa_and_vllms_kernel_build_are_environment():
+    """Two collective runs of one commit, one on an AVX2-only CPU: the environment diff names
+    the CPU's ISA flags (envinfo reads them from /proc/cpuinfo) and the build vLLM loaded."""
+    from k25exp.envinfo import cpu_tags
+
+    flags = cpu_tags()["env.cpu_isa_flags"].split()
+    have = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":")[1].split()
+    assert flags == [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in have]
+    a = Side("a", "run", [run("a", "nccl_burst", tags={"env.cpu_isa_flags": "avx2 avx512f avx512_bf16",
+                                                       "vllm.cpu_isa": "avx512_bf16"})])
+    b = Side("b", "run", [run("b", "nccl_burst", tags={"env.cpu_isa_flags": "avx2",
+                                                       "vllm.cpu_isa": "avx2"})])
+    assert tag_diff(a, b) == [("env.cpu_isa_flags", "avx2 avx512f avx512_bf16", "avx2"),
+                              ("vllm.cpu_isa", "avx512_bf16", "avx2")]

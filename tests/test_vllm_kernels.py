@@ -1,0 +1,88 @@
+"""Which vLLM CPU kernel build a process gets, and the cap that makes an AVX-512 machine take
+an AVX2-only one's path (its real use, in server and ranks, is in tests/runners)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from k25exp import vllm_kernels as vk
+from k25exp.config.validate import ConfigError, to_typed
+from k25exp.serving import server
+from tests.conftest import compose_cfg
+
+AVX2_ONLY = "processor : 0\nflags\t\t: fpu sse2 avx avx2 fma\n"  # an AMD EPYC without AVX-512
+SPR = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+
+
+def test_flags_and_levels_from_cpuinfo():
+    assert vk.cpu_flags(AVX2_ONLY) == {"avx2": True, "avx512f": False, "avx512_bf16": False,
+                                       "amx_tile": False, "amx_bf16": False}
+    assert vk.native_level(vk.cpu_flags(AVX2_ONLY)) == "avx2"
+    assert vk.native_level(vk.cpu_flags(SPR)) == "avx512_bf16"
+    assert vk.native_level(vk.cpu_flags("flags : sse2\n")) is None
+    assert vk.check_level("avx2", "avx512_bf16") is None
+    assert "SIGILL" in vk.check_level("avx512", "avx2")
+    assert "not one of avx2, avx512, avx512_bf16" in vk.check_level("sse", "avx2")
+
+
+def test_cap_hides_what_is_above_and_undo_restores():
+    before = {n: getattr(torch.cpu, n)() for n in vk._PROBES if hasattr(torch.cpu, n)}
+    undo = vk.cap("avx2")
+    try:
+        assert not any(getattr(torch.cpu, n)() for n in before)
+        assert torch.cpu._is_avx2_supported() == vk.cpu_flags()["avx2"]  # not capped
+    finally:
+        undo()
+    assert {n: getattr(torch.cpu, n)() for n in before} == before
+    with pytest.raises(ValueError, match="K25EXP_VLLM_CPU_ISA='sse4'"):
+        vk.cap("sse4")
+
+
+def test_a_server_process_starts_capped():
+    """The launch environment of a capped server, in a real child interpreter: its
+    sitecustomize caps torch's probes before anything else runs, and its compile caches are
+    its own (inductor's key leaves out the vector ISA)."""
+    if vk.native_level() is None:
+        pytest.skip("needs an x86 CPU with AVX2")
+    cfg = to_typed(compose_cfg("experiment=macro"), gpu_count=lambda: 0)
+    env = server.launch_spec(cfg.server, Path("/m"), "cpu", cpu_isa="avx2").env
+    assert env["K25EXP_VLLM_CPU_ISA"] == "avx2"
+    assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("_isa_avx2")
+    assert env["VLLM_CACHE_ROOT"].endswith("vllm_isa_avx2")
+    assert "K25EXP_VLLM_CPU_ISA" not in server.launch_spec(cfg.server, Path("/m"), "cpu").env
+    code = ("import torch; print(torch.cpu._is_avx512_supported(), "
+            "torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_avx2_supported())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "False", "True"], out.stderr[-2000:]
+
+
+def test_builds_reads_what_a_process_mapped():
+    # this test process never loads vLLM's CPU kernels: nothing mapped
+    assert vk.builds() == [] and vk.describe([]) == "none loaded"
+    assert vk.builds(2 ** 22 + 12345) == []  # no such process
+    assert vk.describe(["avx2", "avx512_bf16"]) == "avx2+avx512_bf16"
+
+
+def test_the_cap_is_checked_against_the_cpu_and_the_device(monkeypatch):
+    """On an AVX2-only CPU (its /proc/cpuinfo flags stand in for this machine's), a cap above
+    AVX2 is refused before anything runs: its kernels would die with SIGILL."""
+    monkeypatch.setattr(vk, "cpu_flags", lambda cpuinfo=None: vk._parse(AVX2_ONLY))
+    with pytest.raises(ConfigError, match=r"hardware.vllm_cpu_isa: 'avx512' is above what this "
+                                          r"CPU supports \(avx2\)"):
+        to_typed(compose_cfg("experiment=nccl_burst", "hardware.vllm_cpu_isa=avx512"),
+                 gpu_count=lambda: 0)
+    to_typed(compose_cfg("experiment=nccl_burst", "hardware.vllm_cpu_isa=avx2"), gpu_count=lambda: 0)
+
+
+def test_the_cap_is_for_the_cpu_build_only():
+    with pytest.raises(ConfigError, match=r"hardware.vllm_cpu_isa='avx2' caps the CPU build.*"
+                                          r"hardware.device='cuda'"):
+        to_typed(compose_cfg("experiment=gemm", "hardware=h200_x1", "hardware.vllm_cpu_isa=avx2"),
+                 gpu_count=lambda: 1)
