@@ -99,6 +99,7 @@ class RankBreakdown:
     warnings: list[str] = field(default_factory=list)
     comm: CommCalls | None = None           # communication calls, for the cross-rank split
     comm_split: RankSplit | None = None     # set by analyze() when the ranks could be matched
+    steps_grown: int = 0                    # GPU: steps extended over a trailing collective
     gloo_ext: gloo.Extension | None = None  # CPU traces: collectives given their gloo worker's end
 
     @property
@@ -141,20 +142,32 @@ class RankBreakdown:
         return out
 
     def comm_split_metrics(self) -> dict[str, float]:
-        """Wait / transport of the matched collective calls: % of step time (the shares'
-        denominator) and ms per analysed step. Raw call durations, not exposed time:
-        wait + transport = raw. Empty without a split."""
+        """Wait / transport of the split collective calls: % of the time of the steps the
+        split covers (those matched on every rank) and ms per such step. Raw call durations,
+        not exposed time: wait + transport = raw. Coverage beside them: the steps matched
+        (% of analysed steps) and the calls split (% of every call in the analysed steps;
+        the rest are unmatched or unsplittable). Empty without a split."""
         sp = self.comm_split
         if sp is None:
             return {}
-        t, n = self.total_step_ns, max(1, self.steps_analysed)
+        covered = sp.steps_matched
+        t, n = float(self.step_ns[covered].sum()), covered.size
         wait, transport, raw = (float(a.sum()) for a in (sp.wait_ns, sp.transport_ns, sp.raw_ns))
-        return {"share_comm_wait": 100.0 * wait / t, "share_comm_transport": 100.0 * transport / t,
-                "comm_wait_ms_per_step": wait / n / 1e6,
-                "comm_transport_ms_per_step": transport / n / 1e6,
-                "comm_raw_ms_per_step": raw / n / 1e6,
-                "comm_calls_matched": float(sp.calls_matched.sum()),
-                "comm_calls_unmatched": float(sp.calls_unmatched)}
+        out = {"comm_steps_matched": float(n),
+               "comm_steps_matched_pct": 100.0 * n / max(1, self.steps_analysed),
+               "comm_calls": float(sp.calls),
+               "comm_calls_matched": float(sp.calls_matched.sum()),
+               "comm_calls_unmatched": float(sp.calls_unmatched),
+               "comm_calls_unsplittable": float(sp.calls_unsplittable),
+               "comm_calls_split_pct": 100.0 * float(sp.calls_matched.sum()) / sp.calls
+               if sp.calls else 100.0}
+        if n:
+            out.update({"share_comm_wait": 100.0 * wait / t,
+                        "share_comm_transport": 100.0 * transport / t,
+                        "comm_wait_ms_per_step": wait / n / 1e6,
+                        "comm_transport_ms_per_step": transport / n / 1e6,
+                        "comm_raw_ms_per_step": raw / n / 1e6})
+        return out
 
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {"decode_step_ms": self.decode_step_ms,
@@ -255,6 +268,7 @@ def _rank_dict(r: RankBreakdown, top: int) -> dict:
         "overlap_share": r.overlap_share, "busy_ms": r.busy_ms(),
         "metrics": r.metrics(),
         "comm_split": _split_dict(r),
+        "steps_grown_over_trailing_collectives": r.steps_grown,
         "gloo": (None if r.gloo_ext is None else
                  {"calls_extended": r.gloo_ext.paired, "spans_unclaimed": r.gloo_ext.unclaimed}),
         "top_kernels": [_kernel_dict(k, 100.0 * k.total_us / t) for k in r.kernels[:top]],
@@ -269,7 +283,7 @@ def _split_dict(r: RankBreakdown) -> dict | None:
     sp = r.comm_split
     if sp is None:
         return None
-    n = max(1, r.steps_analysed) * 1e6
+    n = max(1, sp.steps_matched.size) * 1e6  # per step the split covers
     by = {c: {"wait_ms_per_step": float(sp.wait_ns[:, i].sum()) / n,
               "transport_ms_per_step": float(sp.transport_ns[:, i].sum()) / n,
               "raw_ms_per_step": float(sp.raw_ns[:, i].sum()) / n,
@@ -324,10 +338,6 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     sel = select_steps(trace, device, mask, max_steps)
     warnings = list(sel.warnings)
     steps = sel.steps
-    win = Windows(np.array([st.start_ns for st in steps], dtype=np.int64),
-                  np.array([st.end_ns for st in steps], dtype=np.int64))
-    if win.len.sum() <= 0:
-        raise TraceError(trace.path, "nothing to analyse: the work events have no duration")
 
     # Category of every (name, trace category) pair, then of every event.
     idx = np.flatnonzero(mask)
@@ -343,6 +353,13 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
     comm_idx = [cat_index[c] for c in communication_categories(rules.categories, rules.groups)]
+    trailing = 0
+    if device and sel.source != "window":
+        trailing = _take_trailing_collectives(steps, start, end, np.isin(pair_cat[ev_pair], comm_idx))
+    win = Windows(np.array([st.start_ns for st in steps], dtype=np.int64),
+                  np.array([st.end_ns for st in steps], dtype=np.int64))
+    if win.len.sum() <= 0:
+        raise TraceError(trace.path, "nothing to analyse: the work events have no duration")
     gloo_ext = None
     if not device:  # a gloo collective's caller blocks until gloo's worker thread is done
         end, gloo_ext = gloo.extend_to_workers(start, end, trace.lane_id[idx], pair_cat[ev_pair],
@@ -380,8 +397,31 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         kernels=kernels, annotated_steps=sel.annotated, decode_steps=sel.decode,
         events_total=trace.events_total, events_kept=trace.n_events, bytes_read=trace.bytes_read,
         read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings, comm=comm,
-        gloo_ext=gloo_ext,
+        gloo_ext=gloo_ext, steps_grown=trailing,
     )
+
+
+def _take_trailing_collectives(steps: list[Step], start: np.ndarray, end: np.ndarray,
+                               is_comm: np.ndarray) -> int:
+    """Extends each device step window over the collective kernels that start after it ends
+    and before the next annotated step begins (or, after the last one, within one step's
+    length): a step's last collective on its own stream can start after the step's last
+    compute kernel, where the device-side annotation of the compute stream ends; it was
+    launched in that step and the step is not done until it is. Returns how many steps grew.
+    (Without correlation ids a collective whose stream lags into the next step's window
+    counts in that step.)"""
+    cs = np.sort(start[is_comm])
+    ce = end[is_comm][np.argsort(start[is_comm], kind="stable")]
+    grown = 0
+    for i, st in enumerate(steps):
+        nxt = steps[i + 1].start_ns if i + 1 < len(steps) else None
+        bounds = [x for x in (st.limit_ns, nxt) if x is not None]
+        limit = min(bounds) if bounds else st.end_ns + st.dur_ns
+        a, b = np.searchsorted(cs, st.end_ns, "left"), np.searchsorted(cs, limit, "left")
+        if b > a:
+            st.end_ns = int(min(limit, ce[a:b].max()))
+            grown += 1
+    return grown
 
 
 def _gloo_spans(trace: Trace, rules: Rules, cat_index: dict[str, int]) -> gloo.WorkerSpans:

@@ -105,7 +105,8 @@ def comm_calls(start: np.ndarray, end: np.ndarray, lane: np.ndarray, category: n
 
 @dataclass
 class RankSplit:
-    """One rank's split: ns per (own step, rules' category), over the matched calls."""
+    """One rank's split: ns per (own step, rules' category), over the matched calls.
+    calls_matched + calls_unmatched + calls_unsplittable = every call in the analysed steps."""
 
     wait_ns: np.ndarray         # [steps, categories] int64
     transport_ns: np.ndarray
@@ -113,6 +114,13 @@ class RankSplit:
     calls_matched: np.ndarray   # [categories]
     calls_unmatched: int = 0
     calls_unsplittable: int = 0
+    steps_matched: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # ^ this rank's own indexes of the steps that have a partner on every rank: the steps the
+    #   split covers (per-step figures divide by these, not by every analysed step)
+
+    @property
+    def calls(self) -> int:
+        return int(self.calls_matched.sum()) + self.calls_unmatched + self.calls_unsplittable
 
 
 @dataclass
@@ -190,12 +198,13 @@ def split_ranks(comms: Sequence[CommCalls], labels: Sequence[str], n_cat: int) -
                                 f"{len(c.step_names)} steps of {lb} have no partner on every "
                                 "rank; their calls are unmatched")
     groups = [_groups(c, n_cat) for c in comms]
-    for c in comms:
+    for r, c in enumerate(comms):
         n = len(c.step_names)
         out.ranks.append(RankSplit(np.zeros((n, n_cat), dtype=np.int64),
                                    np.zeros((n, n_cat), dtype=np.int64),
                                    np.zeros((n, n_cat), dtype=np.int64),
-                                   np.zeros(n_cat, dtype=np.int64)))
+                                   np.zeros(n_cat, dtype=np.int64),
+                                   steps_matched=np.array([t[r] for t in matched], dtype=np.int64)))
     uneven = 0
     taken = [0] * len(comms)    # calls inside matched steps, per rank
     for t in matched:

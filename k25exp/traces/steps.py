@@ -66,6 +66,7 @@ class Step:
     name: str
     start_ns: int
     end_ns: int
+    limit_ns: int | None = None   # start of the next annotated step of any kind (None: last)
 
     @property
     def dur_ns(self) -> int:
@@ -154,6 +155,8 @@ def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = 
         return StepSelection([_window(trace, work_mask)], "window", 0, 0, warnings)
     merged = _merge_same_step(chosen)
     annotated = len(merged)
+    for a, b in zip(merged, merged[1:]):
+        a.limit_ns = b.start_ns
     decode = [s for s in merged if parse_step_name(s.name).pure_decode]  # type: ignore[union-attr]
     if not decode:
         warnings.append(f"{annotated} vLLM step annotations but none is a pure decode step "

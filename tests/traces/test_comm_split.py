@@ -148,9 +148,15 @@ def test_a_rank_whose_profiler_started_a_step_late(tmp_path):
     assert a.comm_split.steps_matched == 2
     m0, m1 = a.ranks[0].metrics(), a.ranks[1].metrics()
     assert (m0["comm_calls_matched"], m0["comm_calls_unmatched"]) == (2, 1)
-    # rank0: 20 µs wait of 600 µs of steps; rank1: 0 wait, 20 µs transport of 400 µs
-    assert m0["share_comm_wait"] == pytest.approx(100 * 20 / 600)
+    # the split covers the two matched steps (400 µs) on both ranks, not rank0's third step:
+    # rank0 20 µs of wait in them (10 per step); rank1 0 wait, 20 µs transport
+    assert m0["share_comm_wait"] == pytest.approx(100 * 20 / 400)
+    assert m0["comm_wait_ms_per_step"] == pytest.approx(0.010)
     assert (m1["share_comm_wait"], m1["share_comm_transport"]) == pytest.approx((0.0, 5.0))
+    # coverage: rank0 2 of 3 analysed steps, 2 of its 3 calls split; rank1 all
+    assert (m0["comm_steps_matched"], m0["comm_steps_matched_pct"]) == pytest.approx((2, 100 * 2 / 3))
+    assert (m0["comm_calls"], m0["comm_calls_split_pct"]) == pytest.approx((3, 100 * 2 / 3))
+    assert (m1["comm_steps_matched_pct"], m1["comm_calls_split_pct"]) == (100.0, 100.0)
     assert any("1 of 3 steps of rank0 have no partner" in w for w in a.warnings)
 
 
@@ -163,6 +169,8 @@ def test_clocks_that_disagree_leave_calls_unsplit_with_one_warning(tmp_path):
     s0, s1 = a.ranks[0].comm_split, a.ranks[1].comm_split
     assert s0.calls_unsplittable == s1.calls_unsplittable == 1
     assert s0.calls_matched.sum() == s1.calls_matched.sum() == 1
+    m0 = a.ranks[0].metrics()
+    assert (m0["comm_calls"], m0["comm_calls_unsplittable"], m0["comm_calls_split_pct"]) == (2, 1, 50.0)
     assert (s0.wait_ns.sum(), s0.transport_ns.sum(), s0.raw_ns.sum()) == (10_000, 10_000, 20_000)
     assert (s1.wait_ns.sum(), s1.transport_ns.sum(), s1.raw_ns.sum()) == (0, 10_000, 10_000)
     assert sum("clocks disagree" in w for w in a.warnings) == 1
@@ -200,3 +208,49 @@ def test_ranks_whose_steps_cannot_be_matched_have_no_split(tmp_path):
     a = analyze([_write(tmp_path, 0, _three_steps(0)), _write(tmp_path, 1, late)])
     assert not SPLIT_KEYS & set(a.metrics())
     assert any("no step of rank1 overlaps a step of rank0" in w for w in a.warnings)
+
+
+GEMM = "nvjet_tst_128x64_64x8_1x2_h_bz_coopA_NNT"
+
+
+def _nccl_steps(rank: int, n_steps: int = 3) -> list[dict]:
+    """n steps of a TP-2 decode on a GPU, 1000 µs apart (offset o). GEMM k (k = 0..5) runs
+    on the compute stream (7) at [o+100k, o+100k+60); all-reduce k on NCCL's own stream (20)
+    from o+100k+60 (rank1: +70) to o+100k+100. The device-side step annotation exists on the
+    compute stream only and spans its GEMMs, [o, o+560): all-reduce 5 starts where it ends."""
+    events = []
+    for i in range(n_steps):
+        o = 1000.0 * i
+        events.append(step(DECODE, o, 560, device=True, ext=i + 1))
+        for k in range(6):
+            t = o + 100 * k
+            events.append(ev(GEMM, t, 60, tid=7))
+            a = t + 60 + 10 * rank
+            events.append(ev(NCCL_AR, a, t + 100 - a, tid=20))
+    return events
+
+
+def test_every_collective_launched_in_a_gpu_step_counts_in_it(tmp_path):
+    """A step's last all-reduce on NCCL's stream starts after the step's last compute kernel,
+    where the device annotation of the compute stream ends: it was launched in that step and
+    must count there (a held-out 2-GPU trace lost one all-reduce per step this way)."""
+    paths = [write_trace(tmp_path / f"gpu.rank{r}.json", _nccl_steps(r), rank_meta(r)) for r in (0, 1)]
+    a = analyze(paths)
+    for r in a.ranks:
+        counts = {k.name: k.calls for k in r.kernels}
+        assert counts == {GEMM: 18, NCCL_AR: 18}  # 6 of each in each of 3 steps, by hand
+        m = r.metrics()
+        # matched + unmatched + unsplittable = the 18 kernels launched
+        assert (m["comm_calls"], m["comm_calls_matched"], m["comm_calls_unmatched"],
+                m["comm_calls_unsplittable"]) == (18, 18, 0, 0)
+        # each step now ends with its last all-reduce: [o, o+600)
+        assert [(s.start_ns // 1000, s.end_ns // 1000) for s in r.steps][0] == (0, 600)
+        assert r.steps_grown == 3
+    # per step, all-reduce k: last arrival rank1's t+70; rank0 waits 10 µs per call, 6 per
+    # step: 60 µs wait; transport 30 µs per call: 180 µs. rank1: 0 wait, 180 transport
+    m0, m1 = a.ranks[0].metrics(), a.ranks[1].metrics()
+    assert (m0["comm_wait_ms_per_step"], m0["comm_transport_ms_per_step"]) == pytest.approx((0.060, 0.180))
+    assert (m1["comm_wait_ms_per_step"], m1["comm_transport_ms_per_step"]) == pytest.approx((0.0, 0.180))
+    # exposed: GEMMs 360 of 600 µs; the all-reduces after each GEMM 40 (rank0) per k = 240
+    assert a.ranks[0].shares()["gemm_dense"] == pytest.approx(60.0)
+    assert a.ranks[0].shares()["comm_allreduce"] == pytest.approx(40.0)
