@@ -6,8 +6,11 @@ norm/activation, memory, other, idle/host, the collectives' wait for the last ra
 micro-benchmark starts every op after a barrier, so it times transport only) and the host
 time between two steps (the trace's median gap between consecutive decode steps): linear in
 c between profiled concurrencies, the nearest profile's value outside them (said so per
-level). Additivity is assumed: the parts run one after another. The profile's overlap_share
-says how far that is off, and the uncovered parts carry the profiler's own slowdown.
+level). Missing in means missing out: a part that a profile the level needs (the two around
+it, or the nearest) did not measure leaves the level without a prediction and without an
+error, and its note names the part; it is never counted as 0 ms. Additivity is assumed: the
+parts run one after another. The profile's overlap_share says how far that is off, and the
+uncovered parts carry the profiler's own slowdown.
 """
 
 from __future__ import annotations
@@ -33,11 +36,10 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         sec.figures.append(missing(M.TPOT_PRED_WORST, "needs a macro run and a profile" if macro
                                    else c.why_no_closed_loop_macro()))
         return sec, out
-    uncovered = {cat: {k: m[f"{cat}_profile_ms"] for k, m in per_c.items() if f"{cat}_profile_ms" in m}
-                 for cat in UNCOVERED}
-    uncovered["comm_wait"] = {k: m["comm_wait_ms"] for k, m in per_c.items() if "comm_wait_ms" in m}
-    uncovered["between_steps"] = {k: m["between_steps_ms"] for k, m in per_c.items()
-                                  if "between_steps_ms" in m}
+    # per part, its value at every profiled concurrency (None where that profile lacks it)
+    keys = {**{cat: f"{cat}_profile_ms" for cat in UNCOVERED}, "wait": "comm_wait_ms",
+            "between_steps": "between_steps_ms"}
+    uncovered = {part: {k: m.get(key) for k, m in per_c.items()} for part, key in keys.items()}
     rows = []
     tpots, tpot_src = tpot or engine_tpot(macro)
     client = macro.history("tpot_ms_p50")
@@ -45,15 +47,22 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
                  "moe": micro.at("moe", level)}
         notes = [f"{k}: {micro.why.get(k, 'outside the measured range')}" for k, v in parts.items() if v is None]
-        rest, held = 0.0, set()
-        for cat, pts in uncovered.items():
+        rest, held, absent = 0.0, set(), []
+        for part, pts in uncovered.items():
             v, how = _lerp(pts, level)
-            rest += v or 0.0
+            if v is None:  # never 0 ms: the level gets no prediction
+                absent.append(part)
+                continue
+            rest += v
             if how:
                 held.add(how)
+        if absent:
+            notes.append(f"missing: {', '.join(absent)} (not in the profile(s) this level needs)")
+            rest = None
         if held:
             notes.append("uncovered parts " + ", ".join(sorted(held)))
-        pred = None if any(v is None for v in parts.values()) else sum(parts.values()) + rest
+        pred = None if rest is None or any(v is None for v in parts.values()) \
+            else sum(parts.values()) + rest
         row = [level, tpot, client.get(level), pred, parts["comm"], parts["gemm"], parts["moe"], rest]
         if pred is not None:
             err = (pred - tpot) / tpot * 100
@@ -87,7 +96,9 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     return sec, out
 
 
-def _lerp(points: dict[int, float], c: int) -> tuple[Optional[float], str]:
+def _lerp(points: dict[int, Optional[float]], c: int) -> tuple[Optional[float], str]:
+    """The part at concurrency c from the profiles around it (linear), or the nearest one
+    outside them; None when a profile it needs has no value (the part is missing there)."""
     xs = sorted(points)
     if not xs:
         return None, ""
@@ -99,5 +110,7 @@ def _lerp(points: dict[int, float], c: int) -> tuple[Optional[float], str]:
     if hi == c:
         return points[c], ""
     lo = max(x for x in xs if x < c)
+    if points[lo] is None or points[hi] is None:
+        return None, ""
     f = (c - lo) / (hi - lo)
     return points[lo] + f * (points[hi] - points[lo]), ""

@@ -13,8 +13,11 @@ Per profiled concurrency c (one profile run each; the profile phase sweeps c on 
                   communication also as the calls' transport and wait per step
     TPOT          the engine's TPOT at concurrency c: macro's server_tpot_ms_mean (vLLM's own
                   histogram; the client's TPOT on a busy host carries delivery stalls, which
-                  shrink or stretch it), else the client's tpot_ms_p50; slowdown = profiled
-                  step / TPOT
+                  shrink or stretch it), else the client's tpot_ms_p50
+    slowdown      (profiled step + between-steps gap) / TPOT: the decode step's period under
+                  the profiler over its period without (TPOT holds the host's gap between two
+                  steps, so the step alone would read below 1 where the profiler slows
+                  things down). No gap in the profile, no slowdown
 """
 
 from __future__ import annotations
@@ -168,15 +171,18 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
                         ("comm_wait_ms", comm["wait"]), ("profiled_step_ms", step), ("tpot_ms", tpot)):
             if v is not None:
                 m[name] = v
-        if step and tpot:
-            m["profiler_slowdown"] = step / tpot
+        if step and tpot and gap is not None:
+            m["profiler_slowdown"] = (step + gap) / tpot
         per_c[k] = m
         sec.tables.append(Table(
             f"concurrency {k}: ms per decode step (profile run {p.short})",
             ["category", "micro ms", "profile ms", "micro − profile", "note"], rows,
             f"macro TPOT ({tpot_src}) at c={k}: {_f(tpot)} ms (run {macro.short if macro else '-'}); profiled "
-            f"step {_f(step)} ms; profiler slowdown (profiled step / TPOT) "
-            f"{_f(m.get('profiler_slowdown'), 2)}×; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
+            f"step {_f(step)} ms; profiler slowdown ((profiled step + between-steps gap) / TPOT) "
+            + (f"{_f(m['profiler_slowdown'], 2)}×" if "profiler_slowdown" in m else
+               "missing (" + ("no between_steps_ms in the profile" if gap is None else
+                              "needs the profiled step and TPOT") + ")")
+            + f"; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
             " of the step counted twice by raw category times"))
     return sec, per_c
 

@@ -85,9 +85,23 @@ def test_reconciliation_figures_equal_the_runs_they_cite():
     assert one["moe_micro_ms"] == pytest.approx(2 * 50.0 / 1e3)
     assert four["gemm_micro_ms"] == pytest.approx(21 * 10.0 * 2 ** (2 / 3) / 1e3)
     assert one["comm_transport_ms"] == 0.5 and one["comm_wait_ms"] == 1.7
-    assert one["profiler_slowdown"] == pytest.approx(12.0 / 10.0)
-    assert four["profiler_slowdown"] == pytest.approx(16.0 / 12.0)
+    # the profiled step period (step + the host gap between steps, 0.4 ms) over the engine's
+    # TPOT, which holds both: 12.4 ms profiled per 10 ms unprofiled at c = 1
+    assert one["profiler_slowdown"] == pytest.approx((12.0 + 0.4) / 10.0)
+    assert four["profiler_slowdown"] == pytest.approx((16.0 + 0.4) / 12.0)
     assert len(sec.tables) == 2 and sec.tables[0].title.startswith("concurrency 1")
+    assert "(profiled step + between-steps gap) / TPOT" in sec.tables[0].note
+
+
+def test_no_profiler_slowdown_without_the_gap_between_steps():
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "profile":
+            del r.metrics["between_steps_ms"]
+    sec, per_c = reconcile.reconcile(c)
+    # the step alone would read 12 / 10 = 1.2: not the slowdown, which needs the step's period
+    assert all("profiler_slowdown" not in m for m in per_c.values())
+    assert "no between_steps_ms" in sec.tables[0].note
 
 
 def test_tpot_is_predicted_at_every_macro_level():
@@ -117,6 +131,27 @@ def test_tpot_is_predicted_at_every_macro_level():
             4: (pred4 - 12.0) / 12.0 * 100, 8: (pred8 - 16.0) / 16.0 * 100}
     worst = max(errs.values(), key=abs)
     assert sec.figures[0].value == pytest.approx(worst) and sec.figures[0].key == "tpot_pred_err_pct_worst"
+
+
+@pytest.mark.parametrize("part, metric", [("wait", "comm_wait_ms_per_step"),
+                                          ("between_steps", "between_steps_ms"),
+                                          ("attention", "share_attention")])
+def test_a_level_missing_an_uncovered_part_gets_no_prediction(part, metric):
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "profile" and r.param("experiment.concurrency", int) == 4:
+            del r.metrics[metric]  # the part is missing at c = 4 only
+    _, per_c = reconcile.reconcile(c)
+    sec, out = predict.predict(c, per_c)
+    rows = {r[0]: r for r in sec.tables[0].rows}
+    # c = 1 has every part; at c = 2 (between 1 and 4), 4 and 8 (held at 4) the part is
+    # taken from c = 4, where it is missing: nothing predicted, and the note names it
+    assert sorted(out) == [1]
+    for level in (2, 4, 8):
+        assert rows[level][3] is None and rows[level][8] is None  # predicted, error %
+        assert f"missing: {part}" in rows[level][-1]
+    unc1 = 0.58 * 12.0 + 1.7 + 0.4
+    assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
 
 
 def test_a_server_running_cuda_graphs_is_budgeted_with_the_graph_replay():
