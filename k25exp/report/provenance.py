@@ -1,10 +1,16 @@
 """Which of a campaign's runs may meet in one sum.
 
-Figures from runs of another model, hardware, TP degree, dtype, communicator or code commit
-answer another question; summing them with the rest makes a number nobody measured. So the
-report keeps only the runs that agree with the campaign on every field below and refuses the
-others by name, with the field that differs. The campaign's value of a field is the one most
-of its runs carry (ties: the newest run's), so one stray run cannot take the campaign over.
+Figures from runs of another model, hardware, TP degree, dtype, communicator, vLLM version,
+vLLM CPU kernel build, device or code commit answer another question; summing them with the
+rest makes a number nobody measured. So the report keeps only the runs that agree with the
+campaign on every field below and refuses the others by name, with the field that differs.
+The campaign's value of a field is the one most of its runs carry (ties: the newest run's),
+so one stray run cannot take the campaign over. A field a run does not carry (an older run,
+a phase it does not apply to) is not checked for that run.
+
+TP is the degree each phase ran at, not hardware.tp alone: server.tp for the served phases
+(a server may run at another TP than the hardware config's), the GEMM job's own
+experiment.tp (the shard it timed), hardware.tp for the collectives (TP = their ranks).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from typing import Callable, Optional
 from k25exp.report.sources import Campaign, RunView
 
 COLLECTIVE_PHASES = ("nccl_burst", "allreduce_sweep")  # all_to_all times c10d by design
+SERVED_PHASES = ("macro", "profile", "spec_decode")
+# vllm.cpu_isa values that name no kernel build (none loaded, a process gone, a GPU build)
+NO_BUILD = ("none", "unknown", "n/a")
 
 
 @dataclass(frozen=True)
@@ -29,15 +38,38 @@ def _param(key: str) -> Callable[[RunView], Optional[str]]:
     return lambda r: r.params.get(key)
 
 
+def tp_as_run(r: RunView) -> Optional[str]:
+    """The TP degree the run measured at (module docstring)."""
+    if r.phase in SERVED_PHASES:
+        return r.params.get("server.tp")
+    if r.phase == "gemm":
+        return r.params.get("experiment.tp")
+    return r.params.get("hardware.tp")
+
+
+def vllm_version(r: RunView) -> Optional[str]:
+    """What the server said it runs (GET /version), else the vLLM installed with the job."""
+    return r.tags.get("server.version") or r.tags.get("vllm")
+
+
+def cpu_build(r: RunView) -> Optional[str]:
+    """The vLLM CPU kernel build(s) the run's processes loaded; None when it names none."""
+    v = r.tags.get("vllm.cpu_isa")
+    return None if not v or v.startswith(NO_BUILD) else v
+
+
 FIELDS = (
     Field("model.name", _param("model.name")),
     Field("model.hidden_size", _param("model.hidden_size")),
     Field("model.num_hidden_layers", _param("model.num_hidden_layers")),
     Field("model.dtype", _param("model.dtype")),
     Field("hardware.name", _param("hardware.name")),
-    Field("hardware.tp", _param("hardware.tp")),
+    Field("tp (as run)", tp_as_run),
     Field("experiment.communicator", _param("experiment.communicator"), COLLECTIVE_PHASES),
     Field("experiment.graph (GEMM timing mode)", _param("experiment.graph"), ("gemm",)),
+    Field("vllm version (server.version, else tag vllm)", vllm_version),
+    Field("vllm.cpu_isa (kernel build)", cpu_build),
+    Field("device (device_found)", lambda r: r.tags.get("device_found")),
     Field("git_commit", lambda r: r.tags.get("git_commit")),
 )
 

@@ -69,6 +69,64 @@ def test_a_run_of_another_model_is_refused_by_name():
     assert provenance.random_weights(c)
 
 
+def refused_fields(c, stray):
+    """{run short id: the field it was refused on} with `stray` added to campaign c."""
+    kept, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [stray]))
+    assert all(r.run is not stray for r in refused) or stray not in kept.runs
+    return {r.run.short: (r.field, r.value, r.expected) for r in refused}
+
+
+def test_each_phase_is_checked_at_the_tp_it_ran():
+    c = campaign()
+    for r in c.runs:  # the served phases ran server.tp = hardware.tp = 2
+        if r.phase in ("macro", "profile"):
+            r.params["server.tp"] = "2"
+    # a server at TP 1 under hardware.tp=2 (the test suite's server fixture does this)
+    tp1 = run("macro", 90, {"server.tp": "1"})
+    assert refused_fields(c, tp1) == {tp1.short: ("tp (as run)", "1", "2")}
+    # a GEMM run that sharded for TP 1 under hardware.tp=2
+    gemm1 = run("gemm", 91, {"experiment.tp": "1", "experiment.graph": "False"})
+    assert refused_fields(c, gemm1) == {gemm1.short: ("tp (as run)", "1", "2")}
+    # collectives run at hardware.tp; their server.* params (composed, never run) are not read
+    burst = run("nccl_burst", 92, {"experiment.tokens": "4", "experiment.ops_per_step": "null",
+                                   "experiment.communicator": "vllm", "server.tp": "1"})
+    assert refused_fields(c, burst) == {}
+
+
+@pytest.mark.parametrize("tags, field, value", [
+    ({"vllm": "0.31.0"}, "vllm version (server.version, else tag vllm)", "0.31.0"),
+    ({"server.version": "0.31.0", "vllm": "0.32.0"}, "vllm version (server.version, else tag vllm)",
+     "0.31.0"),
+    ({"vllm.cpu_isa": "avx2"}, "vllm.cpu_isa (kernel build)", "avx2"),
+    ({"device_found": "NVIDIA H100 80GB HBM3"}, "device (device_found)", "NVIDIA H100 80GB HBM3"),
+])
+def test_runs_of_another_vllm_cpu_build_or_device_are_refused(tags, field, value):
+    c = campaign()
+    for r in c.runs:
+        r.tags.update({"vllm": "0.32.0", "vllm.cpu_isa": "avx512", "device_found": "NVIDIA H200"})
+    for r in c.runs:
+        if r.phase == "macro":
+            r.tags["server.version"] = "0.32.0"
+    stray = run("gemm", 95, {"experiment.tp": "2", "experiment.graph": "False"},
+                tags={"vllm": "0.32.0", "vllm.cpu_isa": "avx512", "device_found": "NVIDIA H200",
+                      **tags})
+    assert refused_fields(c, stray) == {stray.short: (field, value, {
+        "0.31.0": "0.32.0", "avx2": "avx512", "NVIDIA H100 80GB HBM3": "NVIDIA H200"}[value])}
+    kept, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [stray]))
+    assert f"refused: {field}={value}" in str(refused[0])
+
+
+def test_a_run_that_loaded_no_cpu_kernels_is_not_refused_for_it():
+    c = campaign()
+    for r in c.runs:
+        r.tags["vllm.cpu_isa"] = "avx512"
+    # a GEMM job that timed only torch kernels, or a server whose process was gone: no build
+    for value in ("none loaded", "unknown (server process gone)", "n/a (not vLLM's CPU build)"):
+        stray = run("gemm", 96, {"experiment.tp": "2", "experiment.graph": "False"},
+                    tags={"vllm.cpu_isa": value})
+        assert refused_fields(c, stray) == {}
+
+
 def test_reconciliation_figures_equal_the_runs_they_cite():
     sec, per_c = reconcile.reconcile(campaign())
     one, four = per_c[1], per_c[4]
