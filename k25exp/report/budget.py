@@ -8,11 +8,12 @@
     gemm_ms        Σ over the model's GEMMs of latency(M=1) × count_per_layer × layers, from
                    the GEMM runs (k25exp.gemm.shapes; routed experts count top_k times)
     rest_ms        tpot − comm − gemm (attention, norms, routing, sampling, host overhead)
-    comm share     over one denominator, the batch-1 TPOT: comm_ms / tpot_ms (burst) beside the
-                   batch-1 profile's communication transport and wait per step / tpot_ms (the
-                   calls' time split at the last rank's arrival, k25exp.traces.comm_split);
-                   the difference burst − transport is in percentage points. The profile's
-                   exposed share of its own (profiled) step is shown too
+    comm share     in percent, over one denominator, the batch-1 TPOT: 100 × comm_ms /
+                   tpot_ms (burst) beside the batch-1 profile's communication transport and
+                   wait per step / tpot_ms (the calls' time split at the last rank's arrival,
+                   k25exp.traces.comm_split); the difference burst − transport is in
+                   percentage points. The profile's exposed share of its own (profiled) step
+                   is shown too; gemm_share = 100 × gemm_ms / tpot_ms
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                          "CPU build's shared-memory all-reduce, the GPU build's custom "
                          "all-reduce): it answers how c10d would do, not what the server pays")
     if gemm_ms is not None and tpot:
-        sec.figures.append(Figure(M.GEMM_SHARE, gemm_ms / tpot, unique_runs(gruns + [macro])))
+        sec.figures.append(Figure(M.GEMM_SHARE, share(gemm_ms, tpot), unique_runs(gruns + [macro])))
     if profile:
         sec.tables.append(_profile_table(profile))
     sec.plot = {"kind": "budget", "tpot": tpot, "parts": {"communication (burst)": comm,
@@ -167,9 +168,9 @@ def _comm_shares(c: Campaign, comm: Optional[float], tpot: Optional[float],
         else:
             figs.append(missing(metric, "needs the batch-1 TPOT and a profile of ≥ 2 ranks "
                                 "(the wait/transport split)" if profile else c.why_missing("profile")))
-    # the profile logs shares in percent (mean over ranks)
+    # the profile logs shares in percent (mean over ranks), as the report does
     if profile and "share_communication" in profile.metrics:
-        figs.append(Figure(M.COMM_SHARE_PROFILE, profile.metrics["share_communication"] / 100,
+        figs.append(Figure(M.COMM_SHARE_PROFILE, profile.metrics["share_communication"],
                            [profile], f"exposed communication / profiled decode step of "
                            f"{profile.metrics.get('decode_step_ms', float('nan')):.3f} ms, "
                            f"{profile.metrics.get('steps_analysed', 0):.0f} steps"))
@@ -179,7 +180,7 @@ def _comm_shares(c: Campaign, comm: Optional[float], tpot: Optional[float],
                             if profile else c.why_missing("profile")))
     cs_tr = share(split.get("transport"), tpot)
     if cs_burst is not None and cs_tr is not None:
-        figs.append(Figure(M.COMM_SHARE_DIFF, (cs_burst - cs_tr) * 100, [burst, macro, profile],
+        figs.append(Figure(M.COMM_SHARE_DIFF, cs_burst - cs_tr, [burst, macro, profile],
                            "over the same denominator (TPOT)"))
     else:
         figs.append(missing(M.COMM_SHARE_DIFF, "needs the burst, TPOT and the profile's transport"))

@@ -68,7 +68,9 @@ def missing(metric: Metric, why: str, runs: Sequence[RunView] = ()) -> Figure:
 
 
 def share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
-    return part / whole if part is not None and whole else None
+    """part / whole in percent: every share k25exp logs is a percentage (the profile's
+    share_* too), a difference of two shares is in percentage points (pp)."""
+    return 100 * part / whole if part is not None and whole else None
 
 
 def unique_runs(runs: Sequence[Optional[RunView]]) -> list[RunView]:

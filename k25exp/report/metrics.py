@@ -1,6 +1,10 @@
 """Every metric the report run logs, declared once: its MLflow key beside the label and unit
 people read. A figure takes its key from here, never from its label, so rewording a label
-cannot rename a metric that dashboards, tests and the README rely on."""
+cannot rename a metric that dashboards, tests and the README rely on.
+
+Units: every share is a percentage (0–100) of the denominator its label names, as the
+profile's share_* are; a difference of two shares is in percentage points (pp, the key says
+so); a key ending in _pct is a signed percentage (an error, a change)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Optional
 class Metric:
     key: Optional[str]  # None: a placeholder figure that only ever says what is missing
     label: str
-    unit: str = ""
+    unit: str = ""  # "%": a percentage (0–100) of what the label says; "pp", "pct", "ms", ...
 
 
 # decode budget at batch 1

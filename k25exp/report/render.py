@@ -38,8 +38,8 @@ def fmt(v: Any, unit: str = "") -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "n/a"
-        if unit == "%":
-            return f"{v * 100:.1f} %"
+        if unit == "%":  # a share, already in percent (k25exp.report.metrics)
+            return f"{v:.1f} %"
         if unit == "pp":
             return f"{v:+.1f} pp"
         if unit == "pct":  # already in percent (a signed error)

@@ -174,3 +174,20 @@ def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
     assert small.value is None and "not measured" in small.missing
     selfd = sec.get("projected speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]")
     assert selfd.value == pytest.approx(10.0 / ((16.0 + 3 * 10.0) / 2.0))
+
+
+def test_every_share_is_a_percentage_of_its_denominator():
+    from tests.report.test_metric_keys import every_phase
+
+    sec = budget.decode_budget(every_phase())
+    v = {f.key: f.value for f in sec.figures}
+    # batch-1 TPOT 10 ms; burst at tokens = 1: 1 ms; the c = 1 profile: transport 0.5 ms,
+    # wait 1.7 ms per step, share_communication 22 (%, as the profile logs it)
+    assert v["comm_share_burst"] == pytest.approx(10.0)
+    assert v["comm_share_profile_transport"] == pytest.approx(5.0)
+    assert v["comm_share_profile_wait"] == pytest.approx(17.0)
+    assert v["comm_share_profile"] == pytest.approx(22.0)
+    assert v["comm_share_diff_pp"] == pytest.approx(10.0 - 5.0)
+    # GEMMs at M = 1: 21 dense GEMMs × 10 µs + the routed experts (2 shapes × top-4 × 2 MoE
+    # layers) × 5 µs = 0.29 ms of the 10 ms TPOT
+    assert v["gemm_ms"] == pytest.approx(0.29) and v["gemm_share"] == pytest.approx(2.9)

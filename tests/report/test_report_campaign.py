@@ -80,13 +80,14 @@ def test_report_figures_match_the_runs_they_name(full):
         want += {h.step: h.value for h in hist}[1] * count
     assert m["gemm_ms"] == pytest.approx(want / 1e3)
     assert m["rest_ms"] == pytest.approx(m["tpot_ms"] - m["comm_ms"] - m["gemm_ms"])
-    assert m["comm_share_burst"] == pytest.approx(m["comm_ms"] / m["tpot_ms"])
-    assert m["comm_share_profile"] == pytest.approx(profile.data.metrics["share_communication"] / 100)  # logged in %
+    # every share in percent, the profile's as the report's
+    assert m["comm_share_burst"] == pytest.approx(100 * m["comm_ms"] / m["tpot_ms"])
+    assert m["comm_share_profile"] == pytest.approx(profile.data.metrics["share_communication"])
     pm = profile.data.metrics
-    assert m["comm_share_profile_transport"] == pytest.approx(pm["comm_transport_ms_per_step"] / m["tpot_ms"])
-    assert m["comm_share_profile_wait"] == pytest.approx(pm["comm_wait_ms_per_step"] / m["tpot_ms"])
+    assert m["comm_share_profile_transport"] == pytest.approx(100 * pm["comm_transport_ms_per_step"] / m["tpot_ms"])
+    assert m["comm_share_profile_wait"] == pytest.approx(100 * pm["comm_wait_ms_per_step"] / m["tpot_ms"])
     assert m["comm_share_diff_pp"] == pytest.approx(
-        (m["comm_share_burst"] - m["comm_share_profile_transport"]) * 100)
+        m["comm_share_burst"] - m["comm_share_profile_transport"])
     assert m["runs_refused"] == 0
 
     def hist(run_id, key):
