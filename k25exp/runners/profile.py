@@ -21,6 +21,7 @@ import httpx
 import orjson
 
 from k25exp.config.schema import K25Config, ProfileConfig, TraceBreakdownConfig
+from k25exp.gemm.floor import decode_floor
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving.answers import refuse_html
 from k25exp.serving.client import CompletionClient, run_level
@@ -59,7 +60,26 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     kept = out / "traces"
     kept.mkdir(parents=True, exist_ok=True)
     copies = [Path(shutil.copy2(p, kept / p.name)) for p in traces]
-    return breakdown(copies, exp, out, rec)
+    metrics = breakdown(copies, exp, out, rec)
+    floor = step_floor(cfg, metrics, rec)
+    rec.log_metrics(floor)
+    return {**metrics, **floor}
+
+
+def step_floor(cfg: K25Config, breakdown_metrics: dict[str, float], rec: Recorder) -> dict[str, float]:
+    """The profiled step's memory-bandwidth floor beside its measured time (floor.* metrics,
+    k25exp.gemm.floor): one rank of TP server.tp at batch = concurrency, the KV cache at
+    the mean context of the requests' decode steps (input + output / 2 tokens). A model the
+    byte count cannot shard is a tag, not a failed profile."""
+    exp: ProfileConfig = cfg.experiment
+    try:
+        return decode_floor(cfg.model, cfg.server.tp, exp.concurrency,
+                            exp.input_tokens + exp.output_tokens / 2,
+                            cfg.hardware.mem_bandwidth_gbps, breakdown_metrics)
+    except ValueError as e:
+        log.warning("no bandwidth floor: %s", e)
+        rec.set_tags({"floor.error": str(e)})
+        return {}
 
 
 def breakdown(paths: list[Path], exp: ProfileConfig | TraceBreakdownConfig, out: Path,
