@@ -14,10 +14,16 @@
                    k25exp.traces.comm_split); the difference burst − transport is in
                    percentage points. The profile's exposed share of its own (profiled) step
                    is shown too; gemm_share = 100 × gemm_ms / tpot_ms
+    the profile    the one at concurrency 1. Without one, the newest at another concurrency
+                   gives the exposed share of its own step and the category table, both named
+                   with its concurrency (and the tag report.budget_profile_concurrency); its
+                   transport and wait per step over the batch-1 TPOT would mix two batches,
+                   so those shares (and the pp difference) are missing, saying so
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 from k25exp.gemm.shapes import model_gemm_shapes
@@ -74,6 +80,10 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
              or c.latest("nccl_burst", lambda r: r.param("experiment.tokens", int) == 1))
     profile = c.latest("profile", lambda r: r.param("experiment.concurrency", int) == 1) \
         or c.latest("profile")
+    if profile:
+        k = profile.param("experiment.concurrency", int)
+        sec.tags["report.budget_profile_concurrency"] = (
+            "1" if k == 1 else f"{k} (no profile at concurrency 1)")
     tpot = macro.metrics["single_stream_tpot_ms"] if macro else None
     sec.figures.append(Figure(M.TPOT, tpot, [macro], "single-stream p50, client clock") if macro
                        else missing(M.TPOT, c.why_missing("macro")))
@@ -157,23 +167,32 @@ def _comm_shares(c: Campaign, comm: Optional[float], tpot: Optional[float],
     figs.append(Figure(M.COMM_SHARE_BURST, cs_burst, [r for r in (burst, macro) if r])
                 if cs_burst is not None else
                 missing(M.COMM_SHARE_BURST, "needs the burst and TPOT"))
-    split = {k: profile.metrics.get(f"comm_{k}_ms_per_step") for k in ("transport", "wait")} \
-        if profile else {}
-    for k, metric in (("transport", M.COMM_SHARE_TRANSPORT), ("wait", M.COMM_SHARE_WAIT)):
-        v = share(split.get(k), tpot)
+    k = profile.param("experiment.concurrency", int) if profile else None
+    batch1 = profile if k == 1 else None  # per-step times over the batch-1 TPOT: batch 1 only
+    split = {x: batch1.metrics.get(f"comm_{x}_ms_per_step") for x in ("transport", "wait")} \
+        if batch1 else {}
+    for x, metric in (("transport", M.COMM_SHARE_TRANSPORT), ("wait", M.COMM_SHARE_WAIT)):
+        v = share(split.get(x), tpot)
         if v is not None:
-            figs.append(Figure(metric, v, [profile, macro],
-                               f"{split[k]:.3f} ms per step (mean over ranks) at concurrency "
-                               f"{profile.param('experiment.concurrency')}, over the batch-1 TPOT"))
+            figs.append(Figure(metric, v, [batch1, macro],
+                               f"{split[x]:.3f} ms per step (mean over ranks) at concurrency 1, "
+                               "over the batch-1 TPOT"))
+        elif profile and not batch1:
+            figs.append(missing(metric, f"no profile at concurrency 1 (run {profile.short} "
+                                f"profiled concurrency {k}: its per-step time over the batch-1 "
+                                "TPOT would mix two batches)", [profile]))
         else:
             figs.append(missing(metric, "needs the batch-1 TPOT and a profile of ≥ 2 ranks "
                                 "(the wait/transport split)" if profile else c.why_missing("profile")))
     # the profile logs shares in percent (mean over ranks), as the report does
     if profile and "share_communication" in profile.metrics:
-        figs.append(Figure(M.COMM_SHARE_PROFILE, profile.metrics["share_communication"],
+        metric = M.COMM_SHARE_PROFILE if batch1 else dataclasses.replace(
+            M.COMM_SHARE_PROFILE, label=f"{M.COMM_SHARE_PROFILE.label} at concurrency {k} "
+                                        "(no batch-1 profile)")
+        figs.append(Figure(metric, profile.metrics["share_communication"],
                            [profile], f"exposed communication / profiled decode step of "
-                           f"{profile.metrics.get('decode_step_ms', float('nan')):.3f} ms, "
-                           f"{profile.metrics.get('steps_analysed', 0):.0f} steps"))
+                           f"{profile.metrics.get('decode_step_ms', float('nan')):.3f} ms at "
+                           f"concurrency {k}, {profile.metrics.get('steps_analysed', 0):.0f} steps"))
     else:
         figs.append(missing(M.COMM_SHARE_PROFILE,
                             f"profile run {profile.short} has no share_communication"
@@ -182,6 +201,9 @@ def _comm_shares(c: Campaign, comm: Optional[float], tpot: Optional[float],
     if cs_burst is not None and cs_tr is not None:
         figs.append(Figure(M.COMM_SHARE_DIFF, cs_burst - cs_tr, [burst, macro, profile],
                            "over the same denominator (TPOT)"))
+    elif profile and not batch1:
+        figs.append(missing(M.COMM_SHARE_DIFF, f"no profile at concurrency 1 (run {profile.short} "
+                            f"profiled concurrency {k})", [profile]))
     else:
         figs.append(missing(M.COMM_SHARE_DIFF, "needs the burst, TPOT and the profile's transport"))
     return figs

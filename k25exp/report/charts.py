@@ -31,15 +31,29 @@ def make_plots(sections: Sequence[Section], folder: Path) -> dict[str, Path]:
     return out
 
 
+def budget_bars(parts: dict[str, float]) -> list[tuple[str, float, float, str]]:
+    """(name, left, width, legend label) per part of the budget bar: the parts stacked in
+    order; a negative part (the residual rest, when the parts exceed TPOT) drawn back from the
+    end of the stack over the length it overshoots, and labelled negative."""
+    bars, left = [], 0.0
+    for name, v in parts.items():
+        if v < 0:
+            bars.append((name, left + v, -v, f"{name} −{-v:.2f} ms (negative: the parts exceed TPOT)"))
+            left += v
+        else:
+            bars.append((name, left, v, f"{name} {v:.2f} ms"))
+            left += v
+    return bars
+
+
 def _budget_plot(path: Path, p: dict) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 2.8))
-    left = 0.0
-    for i, (name, v) in enumerate(p["parts"].items()):
-        v = max(v, 0.0)
-        ax.barh([0], [v], left=left, color=f"C{i}", label=f"{name} {v:.2f} ms")
-        left += v
+    for i, (name, left, width, label) in enumerate(budget_bars(p["parts"])):
+        negative = "negative" in label
+        ax.barh([0], [width], left=left, color="white" if negative else f"C{i}",
+                edgecolor=f"C{i}", hatch="//" if negative else None, label=label)
     ax.axvline(p["tpot"], color="black", linestyle="--", label=f"TPOT {p['tpot']:.2f} ms")
     ax.set(yticks=[], xlabel="ms", title="One decode step at batch 1")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=4)

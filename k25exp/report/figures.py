@@ -55,6 +55,7 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plot: Optional[dict] = None  # data for render.py
+    tags: dict[str, str] = field(default_factory=dict)  # set on the report run
 
     def get(self, which: Union[Metric, str]) -> Optional[Figure]:
         """The figure of a Metric, or of a label."""

@@ -10,7 +10,9 @@ from typing import Any, Optional
 
 from k25exp.report.sources import Campaign, RunView
 
-W4A16 = ("marlin", "torch_int4", "w4a16_reference")
+# W4A16 kernels a server runs; w4a16_reference (dequantize + matmul) is the correctness
+# oracle, never what a server runs, so it is never picked for a budget
+W4A16 = ("marlin", "torch_int4")
 QUANTIZED = ("expert_gate_up", "expert_down")  # what Kimi's INT4 checkpoints quantize
 
 
@@ -58,8 +60,10 @@ def burst_key(c: Campaign, run: Optional[RunView]) -> str:
 
 
 def auto_kernel(run: RunView, label: str) -> Optional[str]:
-    """The kernel the server would run: the fastest W4A16 one for the GEMMs an INT4 checkpoint
-    quantizes (the routed experts: conf/model/kimi_k25_int4.yaml), the baseline otherwise."""
+    """The kernel the server would run: the fastest W4A16 serving kernel (Marlin or torch's
+    int4, never the w4a16_reference oracle; None when neither was timed at M = 1) for the
+    GEMMs an INT4 checkpoint quantizes (the routed experts: conf/model/kimi_k25_int4.yaml),
+    the baseline otherwise."""
     baseline = run.param("experiment.baseline", str, "torch_bf16")
     method = run.params.get("model.quant.method", "none")
     if method in ("none", "") or label.split(".")[0] not in QUANTIZED:

@@ -83,7 +83,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     rec.log_metrics({M.RUNS_REFUSED: len(refused)})
     sources = sorted({r.run_id for f in figs for r in f.runs})
     rec.set_tags({"report.campaign": campaign, "report.source_runs": " ".join(sources),
-                  "report.missing_phases": " ".join(missing) or "none"})
+                  "report.missing_phases": " ".join(missing) or "none",
+                  **{k: v for s in sections for k, v in s.tags.items()}})
 
     stable = Path(cfg.paths.outputs) / "reports" / folder_name(campaign)
     if stable.exists():

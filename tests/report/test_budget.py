@@ -7,6 +7,7 @@ import math
 import pytest
 
 from k25exp.report import budget, expert_parallel, speculative
+from k25exp.report import metrics as M
 from k25exp.report.measured import interp_loglog
 from k25exp.report.speculative import effective_alpha, expected_tokens
 from k25exp.report.sources import Campaign, RunView
@@ -191,3 +192,51 @@ def test_every_share_is_a_percentage_of_its_denominator():
     # GEMMs at M = 1: 21 dense GEMMs × 10 µs + the routed experts (2 shapes × top-4 × 2 MoE
     # layers) × 5 µs = 0.29 ms of the 10 ms TPOT
     assert v["gemm_ms"] == pytest.approx(0.29) and v["gemm_share"] == pytest.approx(2.9)
+
+
+def test_a_negative_residual_is_drawn_and_labelled_negative():
+    from k25exp.report.charts import budget_bars
+
+    bars = budget_bars({"communication (burst)": 6.0, "GEMM": 5.5, "rest": -1.5})
+    # (name, left, width, label): the parts stack to 11.5 ms; the rest is the 1.5 ms by which
+    # they overshoot the 10 ms TPOT, drawn back from their end, never as "rest 0.00 ms"
+    assert bars[:2] == [("communication (burst)", 0.0, 6.0, "communication (burst) 6.00 ms"),
+                        ("GEMM", 6.0, 5.5, "GEMM 5.50 ms")]
+    name, left, width, label = bars[2]
+    assert (name, left, width) == ("rest", 10.0, 1.5)
+    assert label == "rest −1.50 ms (negative: the parts exceed TPOT)"
+
+
+def test_a_profile_at_another_concurrency_is_named_never_passed_off_as_batch_1():
+    from tests.report.test_metric_keys import every_phase
+
+    c = every_phase()
+    c.runs = [r for r in c.runs if not (r.phase == "profile" and r.param("experiment.concurrency") == "1")]
+    sec = budget.decode_budget(c)
+    by_key = {f.key: f for f in sec.figures}
+    # the c = 4 profile's exposed share of its own step: shown, and named as c = 4
+    prof = by_key["comm_share_profile"]
+    assert prof.value == 22.0 and "concurrency 4 (no batch-1 profile)" in prof.label
+    assert sec.tags == {"report.budget_profile_concurrency": "4 (no profile at concurrency 1)"}
+    # its per-step transport and wait over the batch-1 TPOT would mix two batches: missing
+    for key in ("comm_share_profile_transport", "comm_share_profile_wait", "comm_share_diff_pp"):
+        assert by_key[key].value is None and "no profile at concurrency 1" in by_key[key].missing
+    full = budget.decode_budget(every_phase())
+    assert full.tags == {"report.budget_profile_concurrency": "1"}
+    assert full.get(M.COMM_SHARE_PROFILE).label == M.COMM_SHARE_PROFILE.label
+
+
+def test_the_reference_kernel_is_never_the_w4a16_kernel_the_server_runs():
+    from k25exp.report.measured import auto_kernel
+
+    params = {"model.quant.method": "w4a16", "experiment.baseline": "torch_bf16"}
+    key = "expert_down.tp1/{}/latency_us"
+    # the dequantize + matmul oracle is the fastest here; a server runs torch_int4 or Marlin
+    both = RunView("g" * 32, "1", "gemm", "FINISHED", 0, params=params, steps={
+        key.format("w4a16_reference"): {1: 3.0}, key.format("torch_int4"): {1: 4.0}},
+        metrics={key.format("w4a16_reference"): 3.0, key.format("torch_int4"): 4.0})
+    assert auto_kernel(both, "expert_down.tp1") == "torch_int4"
+    only_ref = RunView("h" * 32, "1", "gemm", "FINISHED", 0, params=params,
+                       steps={key.format("w4a16_reference"): {1: 3.0}},
+                       metrics={key.format("w4a16_reference"): 3.0})
+    assert auto_kernel(only_ref, "expert_down.tp1") is None
