@@ -63,6 +63,12 @@ class ModelConfig:
     dtype: str = "bfloat16"
     dtype_bytes: int = MISSING  # interpolated from dtype in model YAML
     quant: QuantConfig = field(default_factory=QuantConfig)
+    # One tensor-parallel rank as the model a device runs: N = the shapes one of N TP ranks
+    # runs (heads, expert/dense intermediate and vocab / N; MLA's low-rank projections, the
+    # router and every layer whole, as vLLM replicates them), served at TP 1. The fields above
+    # stay the whole model's; k25exp.serving.tp_rank derives the rank (model folder, GEMM
+    # shapes, weight memory). null = the whole model.
+    tp_rank_of: Optional[int] = None
 
 
 @dataclass
@@ -93,6 +99,12 @@ class HardwareConfig:
     link_gbps: float = MISSING
     mem_bandwidth_gbps: float = MISSING
     peak_bf16_tflops: float = MISSING
+    # Where each constant above comes from: "nominal: <datasheet, spec, a figure measured once
+    # elsewhere>" or "measured: <how, on which box>". Figures divided by one (% of link,
+    # roofline %) carry it in their caption and tag (k25exp.nominal); unset = nominal.
+    link_gbps_source: str = "nominal"
+    mem_bandwidth_gbps_source: str = "nominal"
+    peak_bf16_tflops_source: str = "nominal"
     # false = NCCL's peer-to-peer transport off (NCCL_P2P_DISABLE=1 in every rank): on an
     # NVLink box, the closest it gets to GPUs that talk through host memory over PCIe. A
     # field rather than an env entry so the two runs differ in one logged param.
@@ -104,6 +116,10 @@ class HardwareConfig:
     # the path an AVX2-only CPU takes (no shared-memory all-reduce: gloo) in the server, the
     # collective ranks and the GEMM job alike. Tag vllm.cpu_isa says what each loaded.
     vllm_cpu_isa: Optional[str] = None
+    # CUDA boxes: NVML sampled every this many ms while a job measures (clocks, power,
+    # utilisation, memory, temperature; throttling and shared-GPU flags), the first
+    # nproc_per_node visible GPUs (k25exp.tracking.telemetry). 0 = off. Unused on CPU.
+    telemetry_period_ms: float = 100.0
 
 
 @dataclass
@@ -325,6 +341,9 @@ class GemmConfig(ExperimentBase):
     name: str = "gemm"
     _target_: str = "k25exp.runners.gemm.run"
     warmup: int = 3
+    # CUDA: warm up for at least this long after the first call (JIT, autotuning), as
+    # triton's do_bench does (its default: 25 ms); CPU: unused
+    warmup_ms: float = 25.0
     calls: int = 10  # timed calls per (shape, kernel, M)
     # Names from the model's GEMMs (k25exp.gemm.shapes), or ["all"].
     shapes: List[str] = field(default_factory=lambda: ["expert_gate_up", "expert_down"])
@@ -356,7 +375,8 @@ class GemmConfig(ExperimentBase):
     seed: int = "${seed}"  # type: ignore[assignment]
     # One MoE layer's routed experts as one fused call (k25exp.gemm.moe) at a batch of c
     # tokens: vLLM's own fused MoE op, and a plain-torch grouped reference. [] skips it.
-    moe_kernels: List[str] = field(default_factory=lambda: ["vllm_fused_moe", "reference_grouped_moe"])
+    moe_kernels: List[str] = field(default_factory=lambda: ["vllm_fused_moe", "vllm_marlin_moe",
+                                                            "reference_grouped_moe"])
     moe_batches: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     moe_max_weight_gib: float = 8.0  # skip (with the reason) a layer whose weights exceed it
 
@@ -380,9 +400,12 @@ class ServerConfig:
     trust_remote_code: bool = False
     ready_timeout_s: float = 900.0  # launch: until /health and /v1/models answer
     # -- kind vllm only --
-    # Checkpoint folder; null = the `model` group's random-weight checkpoint, generated into
-    # model_cache on first use (k25exp.serving.tiny_model).
+    # Checkpoint folder; null = the `model` group's folder, generated into model_cache on first
+    # use (k25exp.serving.tiny_model): random bf16 weights, or a quantized model's config alone
+    # (then load_format must be dummy).
     model_path: Optional[str] = None
+    # vLLM's --load-format; null = its default (auto). dummy = random weights, nothing read.
+    load_format: Optional[str] = None
     model_cache: str = MISSING
     host: str = "127.0.0.1"
     # vLLM's dev endpoints (/reset_prefix_cache, /start_profile, ...) answer without the API

@@ -167,7 +167,7 @@ class _TorchInt4:
 _MARLIN_GROUPS = (32, 64, 128)
 
 
-def _gptq_pack(u: Tensor) -> Tensor:
+def gptq_pack(u: Tensor) -> Tensor:
     """[n, k] unsigned int4 -> int32 [k/8, n] in GPTQ order."""
     n, k = u.shape
     if k % 8:
@@ -215,7 +215,7 @@ class _Marlin:
 
         empty = torch.empty(0, dtype=torch.int, device=device)
         q_marlin = ops.gptq_marlin_repack(
-            b_q_weight=_gptq_pack(qw.q.to(torch.int32) + 8), perm=empty, size_k=k, size_n=n, num_bits=4
+            b_q_weight=gptq_pack(qw.q.to(torch.int32) + 8), perm=empty, size_k=k, size_n=n, num_bits=4
         )
         s_marlin = mu.marlin_permute_scales(
             qw.scales.t().contiguous().to(torch.bfloat16), size_k=k, size_n=n, group_size=self.group_size

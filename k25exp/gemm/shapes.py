@@ -3,6 +3,13 @@
 Every shape is a weight ``W`` of ``[n x k]`` (out_features x in_features, as ``nn.Linear``
 stores it); the GEMM is ``y = x @ W.T`` with ``x`` of ``[M x k]``. The unsharded (tp=1)
 shapes are simply ``model_gemm_shapes(model, 1)``.
+
+A rank model (``model.tp_rank_of=N``, k25exp.serving.tp_rank) is already one TP-N rank's
+shard: its shapes are ``model_gemm_shapes(model, 1)``, the same (n, k) as the whole model's at
+tp=N, labelled ``.tp1`` because that is how the rank is served. Sharding it again (tp > 1) is
+refused, so neither the gemm runner nor the report (which rebuilds the model from a run's
+``model.*`` params, tp_rank_of included, and takes tp from its ``experiment.tp``) can divide a
+rank by hardware.tp a second time.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from k25exp.serving.tp_rank import rank_model, rank_of
 
 PARALLEL_KINDS = ("column", "row", "replicated")
 
@@ -42,11 +51,12 @@ def model_gemm_shapes(model: Any, tp: int, include_lm_head: bool = True) -> list
     """Per-rank GEMM shapes of a DeepseekV3ForCausalLM (Kimi-K2) served by vLLM at TP ``tp``.
 
     ``model`` is anything with the config.json attribute names (a dataclass, a namespace,
-    a DictConfig). Raises ValueError naming the GEMM when a sharded dim is not divisible.
+    a DictConfig). Raises ValueError naming the GEMM when a sharded dim is not divisible, and
+    for a rank model (tp_rank_of set) at tp > 1.
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    m = model
+    m = _served(model, tp)
     hidden = m.hidden_size
     moe_layers = m.num_hidden_layers - m.first_k_dense_replace
     dense_layers = m.first_k_dense_replace
@@ -118,6 +128,24 @@ def model_gemm_shapes(model: Any, tp: int, include_lm_head: bool = True) -> list
         vocab = _shard("lm_head", "vocab_size", m.vocab_size, tp)
         shapes.append(GemmShape("lm_head", vocab, hidden, "column", 1, 1, "vocab-parallel lm_head"))
     return shapes
+
+
+def _served(model: Any, tp: int) -> Any:
+    """The model one device runs before sharding by ``tp``: the rank of a rank model."""
+    n = rank_of(model)
+    if n is not None and tp != 1:
+        raise ValueError(f"model.tp_rank_of={n} already gives one TP-{n} rank's shapes, which "
+                         f"vLLM serves at TP 1; sharding it again by tp={tp} would divide it twice "
+                         "(set experiment.tp=1, e.g. hardware=h200_x1)")
+    return rank_model(model)
+
+
+def routed_expert_dims(model: Any, tp: int) -> tuple[int, int, int]:
+    """(experts, hidden, intermediate) of one MoE layer's routed experts on one rank at TP
+    ``tp`` (FusedMoE: w13 [E, 2I, H], w2 [E, H, I]); a rank model's own at tp=1."""
+    m = _served(model, tp)
+    inter = _shard("expert_gate_up", "moe_intermediate_size", m.moe_intermediate_size, tp)
+    return m.n_routed_experts, m.hidden_size, inter
 
 
 def expert_tokens(batch: int, top_k: int, n_experts: int) -> float:

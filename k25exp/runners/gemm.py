@@ -24,7 +24,7 @@ from k25exp import plots, tables, vllm_kernels
 from k25exp.config.schema import GemmConfig, K25Config
 from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
-from k25exp.gemm.quant import dequantize, quantize_w4a16, random_weight
+from k25exp.gemm.quant import dequantize, packed_bytes, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
 from k25exp.gemm.timing import time_fn
 from k25exp.tracking.recorder import Recorder
@@ -149,7 +149,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                         rec.log_metrics({f"{label}/{name}/max_rel_err": err}, step=m)
                         continue
                     t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls,
-                                flush_l2=exp.flush_l2, graph=exp.graph)
+                                flush_l2=exp.flush_l2, graph=exp.graph, **_warmup_ms(exp, device))
                     keep(f"{label}/{name}", m, t)
                     lat = t.median_us
                     nbytes = kernel.weight_bytes(shape.n, shape.k) + 2 * m * (shape.k + shape.n)
@@ -198,42 +198,66 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
         return [Row(label, 2 * inter, m.hidden_size, k, c, "skipped", note=why)
                 for k in exp.moe_kernels for c in exp.moe_batches]
     w13, w2 = moe.make_weights(m.n_routed_experts, m.hidden_size, inter, torch.bfloat16, device, exp.seed)
-    ref13, ref2 = w13.float(), w2.float()
     gen = torch.Generator().manual_seed(exp.seed + 1)
     rows: list[Row] = []
     rec.set_tags({f"{label}.routing": f"top-{m.num_experts_per_tok} of {m.n_routed_experts} "
                   "experts, sigmoid of seeded random scores, renormalised"})
+    prepared: dict[str, moe.Prepared] = {}
+    for name in exp.moe_kernels:  # weights prepared (prepacked, quantized, repacked) once
+        try:
+            prepared[name] = moe.CANDIDATES[name](w13, w2, exp.group_size if exp.group_size > 0 else 32)
+        except moe.Unavailable as e:
+            rows += [Row(label, 2 * inter, m.hidden_size, name, c, "skipped", note=str(e))
+                     for c in exp.moe_batches]
+            rec.set_tags({f"skipped.{label}.{name}": str(e)})
+    # fp32 oracles: the bf16 weights, or the dequantized ones a W4A16 kernel holds (one copy
+    # of each: the Kimi rank's bf16 experts alone are 8.4 GB in fp32)
+    bf16_oracle = (w13.float(), w2.float())
+    oracle = {name: (p.reference[0].float(), p.reference[1].float()) if p.reference else bf16_oracle
+              for name, p in prepared.items()}
     for c in exp.moe_batches:
         tw, ti = moe.route(c, m.n_routed_experts, m.num_experts_per_tok, exp.seed + c, device)
         x = torch.randn(c, m.hidden_size, generator=gen).to(device, torch.bfloat16)
-        want = moe.reference_moe(x.float(), ref13, ref2, tw, ti)
+        wants: dict[int, torch.Tensor] = {}  # by oracle: computed once per batch
         touched = int(ti.unique().numel())
-        nbytes = touched * 3 * inter * m.hidden_size * 2 + 2 * 2 * c * m.hidden_size
-        for name in exp.moe_kernels:
-            try:
-                fn = moe.CANDIDATES[name](w13, w2, tw, ti)
-            except moe.Unavailable as e:
-                rows.append(Row(label, 2 * inter, m.hidden_size, name, c, "skipped", note=str(e)))
-                rec.set_tags({f"skipped.{label}.{name}": str(e)})
-                continue
-            ok, err = check_correct(fn(x), want, exp.rtol)
+        for name, p in prepared.items():
+            def fn(x_: torch.Tensor, run=p.run, tw=tw, ti=ti) -> torch.Tensor:
+                return run(x_, tw, ti)
+            o = oracle[name]
+            if id(o) not in wants:
+                wants[id(o)] = moe.reference_moe(x.float(), o[0], o[1], tw, ti)
+            ok, err = check_correct(fn(x), wants[id(o)], exp.rtol)
             if not ok:
                 msg = f"{name} on {label} at c={c}: max_rel_err {err:.3g} > rtol {exp.rtol:g}"
                 failures.append(msg)
                 rows.append(Row(label, 2 * inter, m.hidden_size, name, c, "failed", max_rel_err=err, note=msg))
                 continue
             t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls, flush_l2=exp.flush_l2,
-                        graph=exp.graph and name != "reference_grouped_moe")  # data-dependent loop
+                        graph=exp.graph and name != "reference_grouped_moe",  # data-dependent loop
+                        **_warmup_ms(exp, device))
             keep(f"{label}/{name}", c, t)
             lat = t.median_us
+            # weights of the distinct experts the routing touches, as this kernel stores them
+            per_expert = (moe_expert_bytes_w4a16(inter, m.hidden_size, exp.group_size or 32)
+                          if p.quantized else 3 * inter * m.hidden_size * 2)
+            nbytes = touched * per_expert + 2 * 2 * c * m.hidden_size
             flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
             r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, _p90(t), flops / lat / 1e6,
                     nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100, None, err,
-                    note="reference, not vLLM's path" if name == "reference_grouped_moe" else "")
+                    note=p.note)
             rows.append(r)
             rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}
                             | {f"{label}/{name}/experts_touched": touched}, step=c)
     return rows
+
+
+def moe_expert_bytes_w4a16(inter: int, hidden: int, group_size: int) -> int:
+    """One expert's gate_up [2I x H] + down [H x I] as INT4 codes + bf16 group scales."""
+    return packed_bytes(2 * inter, hidden, group_size) + packed_bytes(hidden, inter, group_size)
+
+
+def _warmup_ms(exp: GemmConfig, device: torch.device) -> dict:
+    return {"warmup_ms": exp.warmup_ms} if device.type == "cuda" else {}
 
 
 def _figures(r: Row) -> dict[str, float]:

@@ -13,12 +13,13 @@ E, H, I, K = 16, 512, 64, 4  # tiny_kimi's layer at TP 2: 16 experts, top-4, I =
 
 
 def by_hand(x, w13, w2, tw, ti):
-    out = torch.zeros(x.shape[0], H)
+    inter = w2.shape[2]
+    out = torch.zeros(x.shape[0], w2.shape[1])
     for t in range(x.shape[0]):
-        for j in range(K):
+        for j in range(ti.shape[1]):
             e = int(ti[t, j])
             h = w13[e].float() @ x[t].float()
-            out[t] += tw[t, j] * (w2[e].float() @ (F.silu(h[:I]) * h[I:]))
+            out[t] += tw[t, j] * (w2[e].float() @ (F.silu(h[:inter]) * h[inter:]))
     return out
 
 
@@ -32,7 +33,7 @@ def test_candidates_match_a_token_by_token_loop(name, c):
     tw, ti = moe.route(c, E, K, seed=c)
     x = torch.randn(c, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     want = by_hand(x, w13, w2, tw, ti)
-    got = moe.CANDIDATES[name](w13, w2, tw, ti)(x).float()
+    got = moe.CANDIDATES[name](w13, w2).run(x, tw, ti).float()
     assert got.shape == (c, H)
     assert (got - want).abs().max() / want.abs().max() < 2e-2  # bf16 output, fp32 loop
 
@@ -91,7 +92,7 @@ def test_reference_moe_on_cuda_matches_the_loop(c):
     tw, ti = moe.route(c, E, K, seed=c)
     x = torch.randn(c, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     want = by_hand(x, w13, w2, tw, ti)
-    got = moe.reference_grouped_moe(w13.cuda(), w2.cuda(), tw.cuda(), ti.cuda())(x.cuda()).float().cpu()
+    got = moe.reference_grouped_moe(w13.cuda(), w2.cuda()).run(x.cuda(), tw.cuda(), ti.cuda()).float().cpu()
     assert (got - want).abs().max() / want.abs().max() < 2e-2
 
 
@@ -130,3 +131,34 @@ def test_graph_timing_names_the_moe_reference_it_could_not_graph(tmp_path):
     assert rec.tags["timing.mode"] == "graph"
     assert rec.tags["timing.moe.tp2/reference_grouped_moe.mode"] == "eager"
     assert not any(k.startswith("timing.expert_down") for k in rec.tags)
+
+
+def test_marlin_moe_is_cuda_only_and_says_so():
+    w13, w2 = moe.make_weights(E, H, 128, torch.bfloat16, "cpu", seed=0)
+    with pytest.raises(moe.Unavailable, match="Marlin MoE needs CUDA; the weights are on cpu"):
+        moe.vllm_marlin_moe(w13, w2, 32)
+
+
+@pytest.mark.cuda
+@pytest.mark.vllm
+@pytest.mark.parametrize("c", [1, 8, 64])
+def test_marlin_moe_matches_a_token_by_token_loop_on_its_int4_weights(c):
+    """vLLM's Marlin W4A16 MoE (the kernel of a compressed-tensors INT4 checkpoint) against
+    the loop above on the dequantized weights it holds: 16 experts, H 512, I 128 (Marlin's
+    tiles need I % 64 and H % 128), top-4, group 32."""
+    w13, w2 = moe.make_weights(E, H, 128, torch.bfloat16, "cpu", seed=0)
+    try:
+        p = moe.vllm_marlin_moe(w13.cuda(), w2.cuda(), 32)
+    except moe.Unavailable as e:
+        pytest.xfail(str(e))
+    d13, d2 = (t.cpu() for t in p.reference)
+    # symmetric int4, group 32: every weight within half a step (absmax / 7 / 2) of its own
+    g = w13.float().reshape(E, 256, H // 32, 32)
+    step = g.abs().amax(-1, keepdim=True) / 7
+    assert ((d13.float().reshape(g.shape) - g).abs() <= step / 2 * 1.01 + 1e-6).all()
+    tw, ti = moe.route(c, E, K, seed=c)
+    x = torch.randn(c, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    want = by_hand(x, d13, d2, tw, ti)
+    got = p.run(x.cuda(), tw.cuda(), ti.cuda()).float().cpu()
+    assert got.shape == (c, H) and p.quantized
+    assert (got - want).abs().max() / want.abs().max() < 2e-2

@@ -55,3 +55,22 @@ def test_time_cuda(graph):
     assert len(t.samples_us) == 20 and all(s > 0 for s in t.samples_us)
     assert t.method["timer"] == "cuda_event" and t.method["mode"] == ("graph" if graph else "eager")
     assert t.method["flush_l2"] is True and t.method["flush_bytes"] == 256 * 2**20
+
+
+@pytest.mark.cuda
+def test_the_first_calls_cost_stays_in_the_warm_up():
+    """A kernel whose first call pays a JIT-like cost (a ~0.1 s GPU spin): the warm-up takes
+    it, and no timed sample shows it, even with warmup=0."""
+    x = torch.ones(1024, device="cuda")
+    seen = []
+
+    def fn(a):
+        seen.append(1)
+        if len(seen) == 1:
+            torch.cuda._sleep(200_000_000)  # GPU cycles: ~0.1 s at ~2 GHz
+        return a * 2
+
+    t = time_cuda(fn, x, warmup=0, calls=20, flush_l2=False, warmup_ms=25)
+    assert t.method["warmup"] >= 1 and t.method["warmup_ms"] == 25
+    assert len(seen) == t.method["warmup"] + 20
+    assert max(t.samples_us) < 10_000
