@@ -16,7 +16,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from k25exp import vllm_kernels
+from k25exp import nominal, vllm_kernels
 from k25exp.config.schema import (
     EXPERIMENT_SCHEMAS,
     AllReduceSweepConfig,
@@ -65,6 +65,9 @@ def _check_hardware(c: K25Config, p: list[str], gpu_count: Callable[[], int]) ->
     hw = c.hardware
     _positive(hw, "hardware", ["nproc_per_node", "nnodes", "world_size", "tp", "link_gbps",
                                "mem_bandwidth_gbps", "peak_bf16_tflops"], p)
+    for name in nominal.UNITS:
+        if why := nominal.check(name, getattr(hw, f"{name}_source")):
+            p.append(why)
     if hw.device not in ("cpu", "cuda"):
         p.append(f"hardware.device={hw.device!r}: expected 'cpu' or 'cuda'")
     if hw.backend not in BACKEND_DTYPES:

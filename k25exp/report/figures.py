@@ -58,9 +58,11 @@ class Section:
     tags: dict[str, str] = field(default_factory=dict)  # set on the report run
 
     def get(self, which: Union[Metric, str]) -> Optional[Figure]:
-        """The figure of a Metric, or of a label."""
+        """The figure of a Metric (by its key: a figure may carry a more specific label), or
+        of a label."""
         if isinstance(which, Metric):
-            return next((f for f in self.figures if f.metric == which), None)
+            return next((f for f in self.figures if f.metric == which or
+                         (which.key is not None and f.key == which.key)), None)
         return next((f for f in self.figures if f.label == which), None)
 
 

@@ -57,8 +57,8 @@ def fmt(v: Any, unit: str = "") -> str:
 
 
 def headline(sections: Sequence[Section]) -> list[Figure]:
-    figs = {f.metric: f for s in sections for f in s.figures}
-    out = [figs[m] for m in HEADLINE if m in figs]
+    figs = {f.key or f.label: f for s in sections for f in s.figures}  # by key: labels may vary
+    out = [figs[m.key or m.label] for m in HEADLINE if (m.key or m.label) in figs]
     out += [f for s in sections for f in s.figures
             if (f.key or "").startswith((M.SPEC_MEASURED, M.SPEC_PROJECTED))]
     return out

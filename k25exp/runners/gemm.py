@@ -8,6 +8,10 @@ step = M:
   move (weights as the kernel stores them + activations + output) / t, roofline_pct =
   the time the hardware config's memory bandwidth or peak rate allows (whichever bounds)
   / t × 100, speedup_vs_bf16 = baseline latency / latency, max_rel_err vs the reference.
+roofline_pct divides by constants the run does not measure (hardware.mem_bandwidth_gbps,
+peak_bf16_tflops: nominal unless their *_source says measured); the tags
+roofline.mem_bandwidth_gbps / roofline.peak_bf16_tflops and the results caption name them
+with their source (k25exp.nominal).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import orjson
 
 import torch
 
-from k25exp import plots, tables, vllm_kernels
+from k25exp import nominal, plots, tables, vllm_kernels
 from k25exp.config.schema import GemmConfig, K25Config
 from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
@@ -82,6 +86,15 @@ def _bound_us(nbytes: float, flops: float, cfg: K25Config) -> float:
     return max(nbytes / (hw.mem_bandwidth_gbps * 1e9), flops / (hw.peak_bf16_tflops * 1e12)) * 1e6
 
 
+ROOFLINE = ("mem_bandwidth_gbps", "peak_bf16_tflops")  # what roofline_pct divides by
+
+
+def roofline_tags(hw) -> dict[str, str]:
+    """What roofline_pct divides by, each constant with where it comes from."""
+    return {f"roofline.{x}": nominal.describe(x, getattr(hw, x), getattr(hw, f"{x}_source"))
+            for x in ROOFLINE}
+
+
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: GemmConfig = cfg.experiment
     device = torch.device("cuda", 0) if exp.device == "cuda" else torch.device("cpu")
@@ -91,6 +104,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     isa = cfg.hardware.vllm_cpu_isa if device.type == "cpu" else None
     uncap = vllm_kernels.cap(isa) if isa else (lambda: None)  # before vLLM loads its kernels
     ms, regime = m_sweep(cfg)
+    rec.set_tags(roofline_tags(cfg.hardware))
     tables.write(out / "moe_regime", [tables.Column("concurrency", "{}"),
                                        tables.Column("tokens/expert", "{:.3f}", 14),
                                        tables.Column("M", "{}", 6), tables.Column("experts", "{}", 9)],
@@ -277,13 +291,15 @@ COLUMNS = [
 
 
 def _write_tables(out: Path, rows: list[Row], cfg: K25Config) -> None:
-    exp = cfg.experiment
+    exp, hw = cfg.experiment, cfg.hardware
     data = [[r.shape, r.n, r.k, r.kernel, r.m, r.status, r.latency_us, r.latency_us_p90, r.tflops,
              r.gbps, r.roofline_pct, r.speedup_vs_bf16, r.max_rel_err] for r in rows]
     text = tables.write(out / "results", COLUMNS, data,
                         f"gemm: {cfg.model.name} on {cfg.hardware.name} ({exp.device}); median of "
                         f"{exp.calls} calls after {exp.warmup} warm-up; roofline vs "
-                        f"{cfg.hardware.mem_bandwidth_gbps:g} GB/s, {cfg.hardware.peak_bf16_tflops:g} TFLOP/s")
+                        + " and ".join(f"{nominal.kind(getattr(hw, x + '_source'))} "
+                                       f"{nominal.describe(x, getattr(hw, x), getattr(hw, x + '_source'))}"
+                                       for x in ROOFLINE))
     notes = sorted({f"{r.kernel} on {r.shape}: {r.status}: {r.note}" for r in rows if r.note})
     if notes:
         (out / "notes.txt").write_text("\n".join(notes) + "\n")

@@ -45,6 +45,16 @@ def test_hardware_composes(hw):
     assert t.hardware.world_size == t.hardware.nnodes * t.hardware.nproc_per_node
     assert t.hardware.world_size % t.hardware.tp == 0
     assert t.hardware.link_gbps > 0 and t.hardware.mem_bandwidth_gbps > 0
+    # every constant says where it comes from; none of the shipped ones was measured on the
+    # machine a run lands on
+    for x in ("link_gbps", "mem_bandwidth_gbps", "peak_bf16_tflops"):
+        assert getattr(t.hardware, f"{x}_source").startswith("nominal: "), (hw, x)
+
+
+def test_cpu_local_says_its_link_and_peak_are_not_what_they_are_named():
+    hw = OmegaConf.to_object(compose_cfg("experiment=nccl_burst", "hardware=cpu_local")).hardware
+    assert hw.interconnect == "shm" and "loopback TCP" in hw.link_gbps_source
+    assert "fp32" in hw.peak_bf16_tflops_source and "bf16" in hw.peak_bf16_tflops_source
 
 
 def test_kimi_decode_message_is_derived():

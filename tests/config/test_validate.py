@@ -142,3 +142,11 @@ def test_vllm_communicator_is_one_node_only_and_the_default_follows():
         typed(*two, "experiment.communicator=vllm")
     with pytest.raises(ConfigError, match=r"experiment.communicator='nccl': expected torch or vllm"):
         typed("experiment=nccl_burst", "experiment.communicator=nccl")
+
+
+def test_a_hardware_constant_source_is_nominal_or_measured():
+    with pytest.raises(ConfigError, match=r"hardware.link_gbps_source='datasheet': expected "
+                                          r"'nominal: \.\.\.' or 'measured: \.\.\.'"):
+        typed("experiment=nccl_burst", "hardware.link_gbps_source=datasheet")
+    t = typed("experiment=nccl_burst", "hardware.link_gbps_source='measured: allreduce plateau'")
+    assert t.hardware.link_gbps_source == "measured: allreduce plateau"

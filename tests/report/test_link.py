@@ -10,7 +10,7 @@ from k25exp.report.metrics import ALLREDUCE_LINK
 from k25exp.report.sources import Campaign, RunView
 
 PCIE8 = {"hardware.world_size": "8", "hardware.backend": "nccl", "hardware.link_gbps": "63.0",
-         "hardware.interconnect": "pcie"}
+         "hardware.interconnect": "pcie", "hardware.link_gbps_source": "nominal: PCIe Gen5 x16 spec"}
 
 
 def sweep(params, time_us):
@@ -37,3 +37,20 @@ def test_no_link_figure_without_a_link_a_second_rank_or_a_sweep():
     assert "hardware.link_gbps" in link.collectives(Campaign("c", "uri", [no_link])).figures[0].missing
     none = link.collectives(Campaign("c", "uri", [])).figures[0]
     assert none.value is None and "allreduce_sweep" in none.missing
+
+
+def test_the_link_rate_is_labelled_nominal_unless_it_was_measured():
+    ar = sweep(PCIE8, {1048576: 40.0})
+    sec = link.collectives(Campaign("c", "uri", [ar]))
+    f = sec.figures[0]
+    assert f.key == "allreduce_busbw_pct_of_link"  # the key never changes with the label
+    assert "nominal link rate" in f.label and "nominal: PCIe Gen5 x16 spec" in f.note
+    assert sec.tags == {"report.link_gbps_source": "nominal: PCIe Gen5 x16 spec"}
+    measured = sweep({**PCIE8, "hardware.link_gbps_source": "measured: p2p copy, 61.8 GB/s"},
+                     {1048576: 40.0})
+    f = link.collectives(Campaign("c", "uri", [measured])).figures[0]
+    assert "measured link rate" in f.label and "measured: p2p copy" in f.note
+    # a run from before the source was recorded: nominal, saying so
+    old = sweep({k: v for k, v in PCIE8.items() if k != "hardware.link_gbps_source"}, {1048576: 40.0})
+    f = link.collectives(Campaign("c", "uri", [old])).figures[0]
+    assert "nominal link rate" in f.label and "no hardware.link_gbps_source recorded" in f.note

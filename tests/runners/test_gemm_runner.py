@@ -43,6 +43,12 @@ def test_figures_follow_from_latency_and_shape(tmp_path):
     assert {(r["kernel"], r["status"]) for r in rows} == {
         ("torch_bf16", "ok"), ("torch_int4", "ok"), ("marlin", "skipped")}
     assert rec.tags["timing.timer"] == "perf_counter_ns" and rec.tags["timing.threads"]
+    # roofline_pct divides by the config's constants: each named with its source (nominal)
+    assert rec.tags["roofline.mem_bandwidth_gbps"] == \
+        f"{hw.mem_bandwidth_gbps:g} GB/s ({hw.mem_bandwidth_gbps_source})"
+    assert rec.tags["roofline.peak_bf16_tflops"] == \
+        f"{hw.peak_bf16_tflops:g} TFLOP/s ({hw.peak_bf16_tflops_source})"
+    assert "roofline vs nominal" in (tmp_path / "results.txt").read_text()
     assert (tmp_path / "plots" / "latency_small.png").exists()
     # every timed call is kept for `k25exp compare`, and the logged median is theirs
     kept = gemm_samples(tmp_path / "samples.jsonl")
