@@ -25,6 +25,7 @@ from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
 from k25exp.tracking.recorder import MemoryRecorder
 from k25exp.tracking.runs import open_run
+from k25exp.tracking.telemetry import gpu_telemetry
 
 log = logging.getLogger("k25exp")
 
@@ -101,7 +102,9 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     status, summary, error = "FINISHED", None, ""
     t_measure = time.perf_counter()
     try:
-        summary = runner_for(typed.experiment)(typed, out, rec)
+        # NVML sampled while the runner measures, stopped and logged whatever happens
+        with gpu_telemetry(typed, out, rec):
+            summary = runner_for(typed.experiment)(typed, out, rec)
     except KeyboardInterrupt:
         status = "KILLED"
         raise

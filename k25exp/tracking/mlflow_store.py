@@ -258,6 +258,13 @@ class MlflowRun:
         for k, v in metrics.items():
             self.queue_metric(Metric(k, float(v), ts, int(step or 0)))
 
+    def log_timed(self, points) -> None:
+        """(key, value, timestamp ms, step) points taken at their own time (telemetry)."""
+        for k, v, ts, step in points:
+            if not _METRIC_KEY.fullmatch(k):
+                raise ValueError(f"metric name {k!r} has characters MLflow rejects")
+            self.queue_metric(Metric(k, float(v), int(ts), int(step)))
+
     def queue_metric(self, metric: Metric) -> None:
         """One metric point with its own timestamp (an offline run's, when syncing)."""
         with self._buffer_lock:

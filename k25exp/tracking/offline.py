@@ -65,6 +65,12 @@ class OfflineRun:
                                     for k, v in metrics.items()))
         self._metrics.flush()
 
+    def log_timed(self, points) -> None:
+        """(key, value, timestamp ms, step) points taken at their own time (telemetry)."""
+        self._metrics.write("".join(json.dumps([k, float(v), int(ts), int(step)]) + "\n"
+                                    for k, v, ts, step in points))
+        self._metrics.flush()
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._meta["tags"].update({k: str(v) for k, v in tags.items()})
         self._save()

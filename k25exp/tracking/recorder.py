@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Protocol
+from typing import Iterable, Mapping, Optional, Protocol, Tuple
 
 
 class Recorder(Protocol):
@@ -13,6 +13,22 @@ class Recorder(Protocol):
         """Facts about how and where the figures were measured."""
 
 
+# A time series point with its own time: (key, value, timestamp in ms since the epoch, step).
+TimedPoint = Tuple[str, float, int, int]
+
+
+def log_timed(rec: Recorder, points: Iterable[TimedPoint]) -> None:
+    """Points that carry the time they were taken (telemetry): through the recorder's own
+    log_timed when it has one (MLflow, offline, memory), else as plain metrics by step (their
+    timestamps become the time of logging)."""
+    fn = getattr(rec, "log_timed", None)
+    if fn is not None:
+        fn(points)
+        return
+    for k, v, _ts, step in points:
+        rec.log_metrics({k: v}, step)
+
+
 class MemoryRecorder:
     """Keeps everything in memory: tracking=none, and tests of runners without a store."""
 
@@ -20,6 +36,7 @@ class MemoryRecorder:
         self.metrics: list[tuple[str, float, Optional[int]]] = []
         self.tags: dict[str, str] = {}
         self.children: list[tuple[str, "MemoryRecorder"]] = []
+        self.timed: list[TimedPoint] = []
         self.status = "RUNNING"
 
     def child(self, run_name: str, tags: Optional[Mapping[str, str]] = None) -> "MemoryRecorder":
@@ -37,6 +54,9 @@ class MemoryRecorder:
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update({k: str(v) for k, v in tags.items()})
+
+    def log_timed(self, points: Iterable[TimedPoint]) -> None:
+        self.timed += [(k, float(v), int(ts), int(step)) for k, v, ts, step in points]
 
     def latest(self, key: str) -> dict[Optional[int], float]:
         """{step: value} of one metric (the last value logged at each step)."""
@@ -60,3 +80,8 @@ class Capture(MemoryRecorder):
     def set_tags(self, tags: Mapping[str, str]) -> None:
         super().set_tags(tags)
         self.inner.set_tags({self.prefix + k: v for k, v in tags.items()})
+
+    def log_timed(self, points: Iterable[TimedPoint]) -> None:
+        points = list(points)
+        super().log_timed(points)
+        log_timed(self.inner, [(self.prefix + k, v, ts, step) for k, v, ts, step in points])
