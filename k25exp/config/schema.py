@@ -120,10 +120,6 @@ class HardwareConfig:
     # utilisation, memory, temperature; throttling and shared-GPU flags), the first
     # nproc_per_node visible GPUs (k25exp.tracking.telemetry). 0 = off. Unused on CPU.
     telemetry_period_ms: float = 100.0
-    # CUDA boxes: NVML sampled every this many ms while a job measures (clocks, power,
-    # utilisation, memory, temperature; throttling and shared-GPU flags), the first
-    # nproc_per_node visible GPUs (k25exp.tracking.telemetry). 0 = off. Unused on CPU.
-    telemetry_period_ms: float = 100.0
 
 
 @dataclass
