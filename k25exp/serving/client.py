@@ -29,6 +29,17 @@ DONE = b"[DONE]"
 
 
 class CompletionClient:
+    """Streaming completions over httpx, one *lane* per request in flight.
+
+    A lane is an httpx.AsyncClient holding one keep-alive connection; a request takes a free
+    lane (the most recently used: its socket is the likeliest still open) and gives it back.
+    One shared pool of C connections would cost O(C²) per request at C in the hundreds:
+    httpcore 1.0's pool rescans every connection, for each idle one, whenever a request
+    starts or ends (measured here at c = 128 against a stub stepping every 10 ms: 57 % of
+    the client's CPU, and requests in lockstep all ending at once blocked the event loop
+    for up to a second). `http` is a separate small client for everything else (/metrics,
+    /health, dev endpoints)."""
+
     def __init__(self, base_url: str, model: str, api_key: Optional[str] = None,
                  timeout_s: float = 300.0, max_connections: int = 256,
                  continuous_usage: bool = True, temperature: float = 0.0, seed: int = 0):
@@ -37,16 +48,46 @@ class CompletionClient:
         self.continuous_usage = continuous_usage
         self.temperature = temperature
         self.seed = seed
+        self.max_idle_lanes = max_connections  # lanes kept for reuse; more in flight are made
+        # One TLS context for every lane (httpx builds one per client otherwise: ~10 ms each).
+        self._lane_kw = dict(base_url=base_url, headers=auth_headers(api_key),
+                             timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+                             verify=httpx.create_ssl_context())
+        self._free: list[httpx.AsyncClient] = []
+        self._lanes: set[httpx.AsyncClient] = set()
+        self.http = self._new_client(4)
+
+    def _new_client(self, connections: int) -> httpx.AsyncClient:
         # Idle connections are dropped after 1 s, well before the server's keep-alive timeout
         # (uvicorn's 5 s): reusing one the server is closing at that moment fails the request.
-        limits = httpx.Limits(max_connections=max_connections,
-                              max_keepalive_connections=max_connections, keepalive_expiry=1.0)
-        self.http = httpx.AsyncClient(
-            base_url=base_url, limits=limits, headers=auth_headers(api_key),
-            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)))
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                              keepalive_expiry=1.0)
+        return httpx.AsyncClient(limits=limits, **self._lane_kw)
+
+    def prepare(self, lanes: int) -> None:
+        """Makes `lanes` lanes ahead of a phase, so none is built while it is timed."""
+        while len(self._lanes) < lanes:
+            lane = self._new_client(1)
+            self._lanes.add(lane)
+            self._free.append(lane)
+
+    def _take(self) -> httpx.AsyncClient:
+        if not self._free:
+            self.prepare(len(self._lanes) + 1)
+        return self._free.pop()
+
+    async def _give(self, lane: httpx.AsyncClient) -> None:
+        if len(self._free) < self.max_idle_lanes:
+            self._free.append(lane)
+        else:
+            self._lanes.discard(lane)
+            await lane.aclose()
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        for lane in list(self._lanes) + [self.http]:
+            await lane.aclose()
+        self._lanes.clear()
+        self._free.clear()
 
     async def __aenter__(self) -> "CompletionClient":
         return self
@@ -75,8 +116,9 @@ class CompletionClient:
             rec["lag_ms"] = (rec["sent_s"] - rec.get("ready_s", rec["scheduled_s"])) * 1e3
         rec.update(status=None, error=None, chunk_s=[], chunk_tokens=[], usage=None,
                    malformed=0, done=False)
+        lane = self._take()
         try:
-            await asyncio.wait_for(self._stream(body, sent, rec), self.timeout_s)
+            await asyncio.wait_for(self._stream(lane, body, sent, rec), self.timeout_s)
         except asyncio.TimeoutError:
             rec["error"] = f"timeout: no complete response after {self.timeout_s:g} s"
         except httpx.TimeoutException as e:
@@ -86,12 +128,13 @@ class CompletionClient:
         except Exception as e:  # anything else is still the request's failure, not the run's
             rec["error"] = f"client: {type(e).__name__}: {e}"
         rec["end_s"] = time.perf_counter() - sent
+        await self._give(lane)
         finish(rec)
         return rec
 
-    async def _stream(self, body: bytes, sent: float, rec: dict) -> None:
+    async def _stream(self, lane: httpx.AsyncClient, body: bytes, sent: float, rec: dict) -> None:
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        async with self.http.stream("POST", "/v1/completions", content=body,
+        async with lane.stream("POST", "/v1/completions", content=body,
                                     headers=headers) as resp:
             rec["status"] = resp.status_code
             if resp.status_code != 200:
@@ -108,14 +151,13 @@ class CompletionClient:
             continuous = self.continuous_usage
             seen_tokens = 0
             buf = b""
-            async for data in resp.aiter_bytes():
+            # vLLM streams identity-encoded: the raw body, without httpx's decoder layer
+            chunks = resp.aiter_bytes() if resp.headers.get("content-encoding") else resp.aiter_raw()
+            async for data in chunks:
                 t = time.perf_counter() - sent
-                buf += data
-                while True:
-                    j = buf.find(b"\n")
-                    if j < 0:
-                        break
-                    line, buf = buf[:j], buf[j + 1:]
+                lines = (buf + data if buf else data).split(b"\n")
+                buf = lines.pop()  # an unfinished last line (usually none: b"")
+                for line in lines:
                     if not line.startswith(b"data:"):
                         continue  # blank separators, SSE comments / pings, event names
                     payload = line[5:].strip()
@@ -208,45 +250,77 @@ class LoopLag:
         return self.samples_ms
 
 
+class Counter:
+    """The next request index of a closed loop: in-process, or shared between processes
+    (k25exp.serving.shards passes one backed by shared memory)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def claim(self, limit: Optional[int]) -> Optional[int]:
+        if limit is not None and self.value >= limit:
+            return None
+        i, self.value = self.value, self.value + 1
+        return i
+
+
+async def _start(start_at: Optional[float]) -> float:
+    """The phase's start: now, or `start_at` (perf_counter, one clock for every process on
+    the machine) for a phase that several processes run as one."""
+    if start_at is None:
+        return time.perf_counter()
+    delay = start_at - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return start_at
+
+
+def _result(records: list, start: float, cpu0: float, lag: list) -> dict:
+    end = time.perf_counter()
+    return {"records": records, "wall_s": end - start, "cpu_s": time.process_time() - cpu0,
+            "loop_lag_ms": lag, "start": start, "end": end}
+
+
 async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, phase: str,
                     level: int, concurrency: int, max_tokens: int, t0: float,
                     n_requests: Optional[int] = None, duration_s: Optional[float] = None,
                     input_tokens: Optional[int] = None,
                     on_record: Optional[Callable[[dict], None]] = None,
                     should_stop: Optional[Callable[[], bool]] = None,
-                    ramp_s: float = 0.0) -> dict:
+                    ramp_s: float = 0.0, workers: Optional[Sequence[int]] = None,
+                    counter=None, start_at: Optional[float] = None) -> dict:
     """Closed loop: `concurrency` workers, each sending its next request when the last ends.
 
     Request i uses prompt(i), so the same prompts are sent at every level. Stops after
     `n_requests`, or when `duration_s` has passed (requests in flight finish), or when
     `should_stop()` says so. ramp_s staggers the start: worker w sends its first request at
     w × ramp_s / concurrency, so rounds do not move in lockstep (0: all at once).
-    Returns {"records", "wall_s", "cpu_s", "loop_lag_ms"}.
+    A shard of a loop that several processes run (k25exp.serving.shards) runs only
+    `workers` (of 0 … concurrency − 1), takes request indices from the shared `counter`
+    and starts at the shared `start_at`: together the shards run this one loop.
+    Returns {"records", "wall_s", "cpu_s", "loop_lag_ms", "start", "end"}.
     """
     if (n_requests is None) == (duration_s is None):
         raise ValueError("give exactly one of n_requests and duration_s")
     records: list[dict] = []
-    nxt = 0
-    start = time.perf_counter()
+    counter = counter or Counter()
+    start = await _start(start_at)
     cpu0 = time.process_time()
     lag = LoopLag()
     lag.start()
 
     async def worker(w: int) -> None:
-        nonlocal nxt
         scheduled = start + w * ramp_s / concurrency
         if scheduled > time.perf_counter():
             await asyncio.sleep(scheduled - time.perf_counter())
         while True:
             if should_stop and should_stop():
                 return
-            if duration_s is not None:
-                if time.perf_counter() - start >= duration_s:
-                    return
-            elif nxt >= n_requests:
+            if duration_s is not None and time.perf_counter() - start >= duration_s:
                 return
-            i = nxt
-            nxt += 1
+            i = counter.claim(n_requests)
+            if i is None:
+                return
             rec = {"phase": phase, "level": level, "i": i, "worker": w,
                    "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
                    "scheduled_s": scheduled - t0}
@@ -258,10 +332,9 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
             # after that (parsing, records, progress) before sending is its lag.
             scheduled = t0 + rec["sent_s"] + rec["end_s"]
 
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    wall = time.perf_counter() - start
-    return {"records": records, "wall_s": wall, "cpu_s": time.process_time() - cpu0,
-            "loop_lag_ms": await lag.stop()}
+    ws = range(concurrency) if workers is None else workers
+    await asyncio.gather(*(worker(w) for w in ws))
+    return _result(records, start, cpu0, await lag.stop())
 
 
 async def run_open_level(client: CompletionClient, prompt: Callable[[int], str], *, phase: str,
@@ -269,15 +342,19 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
                          max_concurrency: Optional[int] = None,
                          input_tokens: Optional[int] = None,
                          on_record: Optional[Callable[[dict], None]] = None,
-                         should_stop: Optional[Callable[[], bool]] = None) -> dict:
+                         should_stop: Optional[Callable[[], bool]] = None,
+                         indices: Optional[Sequence[int]] = None,
+                         start_at: Optional[float] = None) -> dict:
     """Open loop: request i is due at due_s[i] seconds after the level starts, whatever the
     responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency (the macro
     runner always gives one: experiment.max_concurrency, else its own cap of 256), a due
     request waits in the client for a free slot: that wait is its queue_ms, and counts in its
     latency from the scheduled send (ttft_sched, e2e_sched) but not in its lag_ms (the client's
-    own lateness, which flags a level). Returns as run_level, plus "due_s"."""
+    own lateness, which flags a level). A shard (k25exp.serving.shards) sends only the
+    requests `indices` of the one schedule, from the shared `start_at`, under its own share
+    of the cap. Returns as run_level, plus "due_s" (the whole schedule)."""
     records: list[dict] = []
-    start = time.perf_counter()
+    start = await _start(start_at)
     cpu0 = time.process_time()
     lag = LoopLag()
     lag.start()
@@ -308,7 +385,8 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
         if on_record:
             on_record(rec)
 
-    await asyncio.gather(*(one(i, float(d)) for i, d in enumerate(due_s)))
-    wall = time.perf_counter() - start
-    return {"records": records, "wall_s": wall, "cpu_s": time.process_time() - cpu0,
-            "loop_lag_ms": await lag.stop(), "due_s": list(map(float, due_s))}
+    ids = range(len(due_s)) if indices is None else indices
+    await asyncio.gather(*(one(i, float(due_s[i])) for i in ids))
+    res = _result(records, start, cpu0, await lag.stop())
+    res["due_s"] = list(map(float, due_s))
+    return res

@@ -8,6 +8,14 @@
   "hold" (a delivery stall: from the middle of the stream on, tokens keep being made every
   gap but are held back for `hold_s` after the last chunk sent, then released in one write).
 
+With `step_s` it plays vLLM's batch: one "engine" task writes, every step, the next chunk of
+every stream in flight (a request joins at the next step), so chunks of concurrent streams
+arrive together, step after step, as from a decode step: the offered load is streams / step
+chunks/s, TPOT is the step while the stub keeps up. Its chunks are vLLM's completion chunks
+(id, object, created, model, choices, usage) prerendered, so the stub spends little per chunk
+and the client parses what it would parse from vLLM. Without `step_s` each stream paces
+itself (`gap_s`), or writes as fast as it can (0).
+
 For process-lifecycle tests it also plays a vLLM server's other routes (tests/serving/
 fake_vllm_server.py runs it as one): `model` names the served model, `api_key` protects /v1/*
 as vLLM does, /metrics gives vLLM's latency histograms (sum and count) over what it served,
@@ -17,7 +25,7 @@ as vLLM does, /metrics gives vLLM's latency histograms (sum and count) over what
 It records when it wrote each token chunk (`writes`, perf_counter seconds, one list per
 completion request in arrival order), so a test knows the timing the client should measure.
 
-    python -m k25exp.serving.stub_server --port 8090 [--gap-ms 0]
+    python -m k25exp.serving.stub_server --port 8090 [--gap-ms 0 | --step-ms 10]
 
 Plain asyncio and HTTP/1.1 keep-alive, no dependencies. Loopback only by default.
 """
@@ -37,6 +45,24 @@ def _chunk(obj) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
+def _vllm_token(model: str, pt: int, i: int) -> bytes:
+    """Token i's chunk as vLLM 0.32 streams it with continuous_usage_stats (HTTP-chunked)."""
+    return _chunk({"id": "cmpl-5f0c1d2e3a4b4c6d8e9f0a1b2c3d4e5f", "object": "text_completion",
+                   "created": 1764662400, "model": model,
+                   "choices": [{"index": 0, "text": f" t{i}", "logprobs": None,
+                                "finish_reason": None, "stop_reason": None}],
+                   "usage": {"prompt_tokens": pt, "total_tokens": pt + i + 1,
+                             "completion_tokens": i + 1}})
+
+
+class _Stream:
+    """A completion in the step engine's batch."""
+    __slots__ = ("writer", "pt", "n", "i", "writes", "done")
+
+    def __init__(self, writer, pt: int, n: int, writes: list, done: asyncio.Future):
+        self.writer, self.pt, self.n, self.i, self.writes, self.done = writer, pt, n, 0, writes, done
+
+
 def _answer(writer: asyncio.StreamWriter, status: str, body, ctype: str = "application/json") -> None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     writer.write(f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {len(data)}"
@@ -47,12 +73,16 @@ class StubServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, gap_s: float = 0.0,
                  hold_s: float = 0.5, ttft_s: float = 0.0, model: str = "stub",
                  api_key: Optional[str] = None, dev_mode: bool = True, misbehave: bool = True,
-                 metrics_html: bool = False, stagger: bool = False):
+                 metrics_html: bool = False, stagger: bool = False, step_s: float = 0.0):
         self.host, self.port, self.gap_s, self.hold_s = host, port, gap_s, hold_s
         self.ttft_s = ttft_s  # a "prefill": pause between the response headers and token 1
         self.model, self.api_key, self.dev_mode = model, api_key, dev_mode
         self.misbehave, self.metrics_html = misbehave, metrics_html
         self.stagger = stagger  # every other completion at half speed: concurrent ones end apart
+        self.step_s = step_s  # the batch engine's decode step (0: streams pace themselves)
+        self._batch: list[_Stream] = []
+        self._wake: Optional[asyncio.Event] = None
+        self._tokens: dict[tuple[int, int], bytes] = {}  # (prompt tokens, i) -> chunk
         self.served = {"ttft": [0.0, 0], "tpot": [0.0, 0], "e2e": [0.0, 0]}  # [sum s, count]
         self.requests = 0
         self.writes: list[list[float]] = []
@@ -62,7 +92,49 @@ class StubServer:
     async def start(self) -> "StubServer":
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.step_s:
+            self._wake = asyncio.Event()
+            engine = asyncio.get_running_loop().create_task(self._engine())
+            self._tasks.add(engine)
         return self
+
+    def _token(self, pt: int, i: int) -> bytes:
+        b = self._tokens.get((pt, i))
+        if b is None:
+            b = self._tokens[(pt, i)] = _vllm_token(self.model, pt, i)
+        return b
+
+    async def _engine(self) -> None:
+        """Every step, the next chunk of every stream in the batch (one write each, as vLLM's
+        API server sends them), on a schedule: a late step shortens the next instead of adding
+        up; a stub that cannot keep up steps as fast as it can."""
+        due = time.perf_counter()
+        while True:
+            if not self._batch:
+                self._wake.clear()
+                await self._wake.wait()
+                due = time.perf_counter()
+            now = time.perf_counter()
+            keep = []
+            for s in self._batch:
+                if s.writer.transport.is_closing():  # its client went away
+                    s.done.set_exception(ConnectionResetError("client gone"))
+                    continue
+                try:
+                    s.writer.write(self._token(s.pt, s.i))
+                except (ConnectionError, RuntimeError) as e:
+                    s.done.set_exception(e)
+                    continue
+                s.writes.append(now)
+                s.i += 1
+                if s.i < s.n:
+                    keep.append(s)
+                else:
+                    s.done.set_result(None)
+            self._batch = keep
+            due += self.step_s
+            due = max(due, time.perf_counter())  # behind by more than a step: no catch-up burst
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
 
     async def close(self) -> None:
         if self._server:
@@ -159,14 +231,23 @@ class StubServer:
         self.writes.append(writes)
 
         def token(i: int) -> bytes:
-            return _chunk({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
-                           "usage": {"prompt_tokens": pt, "completion_tokens": i + 1,
-                                     "total_tokens": pt + i + 1}})
+            return self._token(pt, i)
 
         if self.ttft_s:
             await writer.drain()
             await asyncio.sleep(self.ttft_s)
-        i, due = 0, None
+        if self.step_s and not any(k in prompt for k in ("malformed", "stream_error", "cut", "hold")):
+            done = asyncio.get_running_loop().create_future()
+            self._batch.append(_Stream(writer, pt, n, writes, done))
+            self._wake.set()
+            try:
+                await done
+            except (ConnectionError, RuntimeError):
+                return False
+            i = n
+        else:
+            i = 0
+        due = None
         while i < n:
             if "malformed" in prompt and i == n // 2:
                 writer.write(_chunk(b'{"choices": [{"text": "oops"'))
@@ -208,9 +289,10 @@ class StubServer:
 class StubThread:
     """The stub on its own event loop in a thread, for tests and the capacity probe."""
 
-    def __init__(self, gap_s: float = 0.0, hold_s: float = 0.5, ttft_s: float = 0.0):
+    def __init__(self, gap_s: float = 0.0, hold_s: float = 0.5, ttft_s: float = 0.0,
+                 step_s: float = 0.0):
         self.loop = asyncio.new_event_loop()
-        self.stub = StubServer(gap_s=gap_s, hold_s=hold_s, ttft_s=ttft_s)
+        self.stub = StubServer(gap_s=gap_s, hold_s=hold_s, ttft_s=ttft_s, step_s=step_s)
         self._t = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def __enter__(self) -> StubServer:
@@ -229,10 +311,12 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8090)
     p.add_argument("--gap-ms", type=float, default=0.0, help="pause between chunks")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="a batch engine's step: one chunk to every stream in flight per step")
     a = p.parse_args()
 
     async def serve():
-        s = await StubServer(a.host, a.port, a.gap_ms / 1e3).start()
+        s = await StubServer(a.host, a.port, a.gap_ms / 1e3, step_s=a.step_ms / 1e3).start()
         print(f"stub completions server on {s.base_url}", flush=True)
         await asyncio.Event().wait()
 

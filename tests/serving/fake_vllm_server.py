@@ -17,6 +17,8 @@ Behaviour on request, by environment (server.env):
   FAKE_VLLM_WORKERS=<n>        start n worker processes first (vLLM's engine core, TP workers)
   FAKE_VLLM_GAP_MS=<ms>        pause between streamed tokens (default 2)
   FAKE_VLLM_TTFT_MS=<ms>       pause before the first token, a "prefill" (default 0)
+  FAKE_VLLM_STEP_MS=<ms>       a batch engine instead of the gap: one chunk to every stream in
+                               flight per step (vLLM's decode step; stub_server says how)
   FAKE_VLLM_METRICS=html       answer /metrics with an HTML page (a proxy's login form)
   FAKE_VLLM_STAGGER=1          every other completion at half speed (concurrent ones end apart)
 """
@@ -69,7 +71,8 @@ def main() -> None:
                       model=a.served_model_name, api_key=a.api_key,
                       dev_mode=env("VLLM_SERVER_DEV_MODE") == "1", misbehave=False,
                       metrics_html=env("FAKE_VLLM_METRICS") == "html",
-                      stagger=env("FAKE_VLLM_STAGGER") == "1")
+                      stagger=env("FAKE_VLLM_STAGGER") == "1",
+                      step_s=float(env("FAKE_VLLM_STEP_MS", "0")) / 1e3)
 
     async def serve() -> None:
         try:
