@@ -4,8 +4,10 @@ A figure is (metric name, step or None). Each experiment kind maps its figures t
 they summarise:
 
 * macro / spec_decode: `requests.jsonl` (spec_decode: `spec/` and, prefixed `baseline/`,
-  `baseline/`): per request TPOT, TTFT, E2E and every inter-chunk gap (ITL), of the
-  single-stream phase (`single_stream_*`) and of each sweep level (step = concurrency).
+  `baseline/`): per request TPOT, TTFT, E2E and the median of its inter-chunk gaps (ITL), of
+  the single-stream phase (`single_stream_*`) and of each sweep level (step = concurrency).
+  One ITL sample per request, not per gap: a request's gaps share its batch, its position
+  and its stalls, so pooling them as independent samples would make p-values far too small.
 * nccl_burst, allreduce_sweep, all_to_all: `raw/` (the ranks' files, read as the runner reads
   them, each sample the slowest rank's): per burst the queued time (and the bandwidth over
   it), per op the blocking latency, per replay the CUDA-graph time.
@@ -24,6 +26,8 @@ from typing import Callable, Optional
 
 import orjson
 
+from k25exp.stats import median
+
 Figure = tuple[str, Optional[int]]  # (metric, step); step None = a run-level figure
 Samples = dict[Figure, list[float]]
 
@@ -40,12 +44,14 @@ def _records(path: Path) -> list[dict]:
 
 
 def _request_values(recs: list[dict]) -> dict[str, list[float]]:
-    """Per-request (and per-gap, for ITL) values in ms, of the requests that succeeded."""
+    """Per-request values in ms (ITL: the request's median gap), of the requests that
+    succeeded."""
     ok = [r for r in recs if r.get("ok")]
     out = {"tpot_ms": [r["tpot_s"] * 1e3 for r in ok if r.get("tpot_s") is not None],
            "ttft_ms": [r["ttft_s"] * 1e3 for r in ok if r.get("ttft_s") is not None],
            "e2e_ms": [r["e2e_s"] * 1e3 for r in ok if r.get("e2e_s") is not None],
-           "itl_ms": [(b - a) * 1e3 for r in ok for a, b in zip(r["chunk_s"], r["chunk_s"][1:])],
+           "itl_ms": [median([b - a for a, b in zip(r["chunk_s"], r["chunk_s"][1:])]) * 1e3
+                      for r in ok if len(r["chunk_s"]) >= 2],  # one per request (docstring)
            "tpot_ms_no_stalls": [r["tpot_s"] * 1e3 for r in ok
                                  if r.get("tpot_s") is not None and not r.get("stalls")]}
     return out

@@ -2,7 +2,9 @@
 
 A figure's A and B are the values the runs logged; its significance comes from the raw
 samples behind it (k25exp.compare.samples): Mann-Whitney U, Holm-adjusted over every distinct
-sample set tested in this compare, and a bootstrap 95 % interval of the median's change.
+sample set tested in this compare (all pairs together: `judge`), and a bootstrap 95 %
+interval of the median's change. A served level its run flagged invalid, or whose validity
+flag is absent, gets no verdict.
 A change is called significant only when it is also larger than the noise floor (`noise`,
 percent of the median): two runs of one setup on a shared machine drift by a few percent, and
 samples as tight as a timer's detect that drift with tiny p-values; a change smaller than it is
@@ -38,6 +40,7 @@ class Row:
     within_noise: bool = False  # p < alpha but the median moved less than the noise floor
     note: str = ""
     worse_beyond: bool = False  # counts against --fail-on
+    not_judged: str = ""  # why the level's figures get no verdict (flagged invalid, unknown)
 
     @property
     def figure(self) -> str:
@@ -74,10 +77,14 @@ class Comparison:
         return [r for r in self.rows if r.significant]
 
 
-def _invalid_sides(fa: dict, fb: dict, metric: str, step: Optional[int]) -> str:
-    """"A", "B", "A and B" or "": which side flagged the level a figure belongs to invalid
-    (its `valid` at that step, or `single_stream_valid` for the single-stream figures; a
-    `baseline/` figure by the baseline's own flag)."""
+SERVED = ("macro", "spec_decode")  # experiments whose levels carry a validity flag
+
+
+def _validity(experiment: str, fa: dict, fb: dict, metric: str, step: Optional[int]) -> str:
+    """Why a figure's level is not judged ("" when it is): a side flagged it invalid (its
+    `valid` at that step, or `single_stream_valid` for the single-stream figures; a
+    `baseline/` figure by the baseline's own flag), or, for a served experiment, a side
+    logged no flag for it (validity unknown: never taken for valid)."""
     prefix = metric.split("/", 1)[0] + "/" if metric.startswith("baseline/") else ""
     bare = metric[len(prefix):]
     key = (prefix + "valid", step) if step is not None else \
@@ -85,16 +92,20 @@ def _invalid_sides(fa: dict, fb: dict, metric: str, step: Optional[int]) -> str:
     if key is None:
         return ""
     bad = [side for side, f in (("A", fa), ("B", fb)) if f.get(key) == 0]
-    return " and ".join(bad)
+    if bad:
+        return f"level flagged invalid in {' and '.join(bad)}"
+    unknown = [side for side, f in (("A", fa), ("B", fb)) if key not in f]
+    if experiment in SERVED and unknown:
+        return f"validity unknown in {' and '.join(unknown)} (no `{key[0]}` logged for it)"
+    return ""
 
 
-def judge_pair(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str, alpha: float,
-               fail_on: Optional[float], noise: float) -> list[Row]:
+def pair_rows(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str) -> list[Row]:
     """Rows of one pair: every figure either side logged (fa, fb: (metric, step) -> value),
-    tested where both kept samples (sa, sb), Holm-adjusted over the pair's distinct tests,
-    judged on the tested median; `problem` says why samples are missing."""
-    pair_rows: list[Row] = []
-    tests: dict[tuple[int, int], Optional[stats.Test]] = {}  # one test per distinct pair of sample sets
+    tested where both kept samples (sa, sb; one test per distinct pair of sample sets);
+    `problem` says why samples are missing. No verdict yet: `judge` gives it."""
+    rows: list[Row] = []
+    tests: dict[tuple[int, int], Optional[stats.Test]] = {}
     for fig in sorted(set(fa) | set(fb), key=lambda f: (f[1] is not None, f[1] or 0, f[0])):
         metric, step = fig
         better, _ = directions.direction(metric)
@@ -113,23 +124,26 @@ def judge_pair(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str, alpha: f
                 row.note = f"no samples in {'B' if fig in sa else 'A'}"
         if better == directions.UNKNOWN:
             row.note = (row.note + "; " if row.note else "") + "direction unknown: never fails"
-        pair_rows.append(row)
-    # Holm over this pair's distinct tests, then the verdict per row
-    distinct = list(tests.items())
-    valid = [(k, t) for k, t in distinct if t is not None]
-    adjusted = dict(zip((k for k, _ in valid), stats.holm([t.p for _, t in valid])))
-    for row in pair_rows:
+        row.not_judged = _validity(p.experiment, fa, fb, metric, step)
+        rows.append(row)
+    return rows
+
+
+def judge(rows: list[Row], alpha: float, fail_on: Optional[float], noise: float) -> list[Row]:
+    """The verdicts: p-values Holm-adjusted over every distinct test in `rows` (the whole
+    compare, so alpha bounds the family-wise error of everything it calls significant), then
+    significance (p < alpha and a median move beyond the noise floor) and --fail-on."""
+    distinct = list({id(r.test): r.test for r in rows if r.test is not None}.items())
+    adjusted = dict(zip((k for k, _ in distinct), stats.holm([t.p for _, t in distinct])))
+    for row in rows:
         if row.test is None:
             continue
-        key = next(k for k, t in valid if t is row.test)
-        row.p_adjusted = adjusted[key]
+        row.p_adjusted = adjusted[id(row.test)]
         moved = abs(row.test.median_change_pct) > noise
         row.within_noise = row.p_adjusted < alpha and not moved
         row.significant = row.p_adjusted < alpha and moved
-        flagged = _invalid_sides(fa, fb, row.metric, row.step)
-        if flagged:  # a level the run itself flagged (client lag, delivery stall) is not judged
-            row.note = (row.note + "; " if row.note else "") + \
-                f"not judged: level flagged invalid in {flagged}"
+        if row.not_judged:  # a level that measured the client (or may have) is not judged
+            row.note = (row.note + "; " if row.note else "") + f"not judged: {row.not_judged}"
             row.significant, row.within_noise = False, False
             continue
         # the verdict is on what was tested, the samples' median: a mean can move the other
@@ -138,7 +152,18 @@ def judge_pair(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str, alpha: f
         if (fail_on is not None and row.significant and ch is not None
                 and directions.is_worse(row.metric, ch) and abs(ch) > fail_on):
             row.worse_beyond = True
-    return pair_rows
+    return rows
+
+
+def judge_pairs(inputs, alpha: float, fail_on: Optional[float], noise: float) -> list[Row]:
+    """Every pair's rows, judged together: inputs = (pair, fa, fb, sa, sb, problem) each."""
+    return judge([row for args in inputs for row in pair_rows(*args)], alpha, fail_on, noise)
+
+
+def judge_pair(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str, alpha: float,
+               fail_on: Optional[float], noise: float) -> list[Row]:
+    """The rows of one pair as a compare of that pair alone."""
+    return judge(pair_rows(p, fa, fb, sa, sb, problem), alpha, fail_on, noise)
 
 
 def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
@@ -146,17 +171,19 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
     c = resolve.client(uri)
     a, b = resolve.resolve(c, a_id), resolve.resolve(c, b_id)
     pairs, unmatched = resolve.match(a, b)
-    rows: list[Row] = []
+    inputs = []
     notes: list[str] = []
     for p in pairs:
         fa, fb = resolve.figures(c, p.a, SKIP_METRICS), resolve.figures(c, p.b, SKIP_METRICS)
         sa, problem_a = resolve.fetch_samples(uri, p.a)
         sb, problem_b = resolve.fetch_samples(uri, p.b)
-        problem = "; ".join(x for x in (problem_a, problem_b) if x)
-        rows += judge_pair(p, fa, fb, sa, sb, problem, alpha, fail_on, noise)
+        inputs.append((p, fa, fb, sa, sb, "; ".join(x for x in (problem_a, problem_b) if x)))
+    rows = judge_pairs(inputs, alpha, fail_on, noise)
     if any(r.test for r in rows):
+        n = len({id(r.test) for r in rows if r.test})
         notes.append(f"significant = Mann-Whitney U two-sided p < {alpha:g} after Holm's "
-                     "adjustment over the distinct sample sets tested per pair; interval = "
+                     f"adjustment over the {n} distinct sample sets tested in this compare "
+                     "(every pair); interval = "
                      f"bootstrap 95 % of the median's change ({stats.BOOTSTRAP_RESAMPLES} "
                      f"resamples, seed {stats.BOOTSTRAP_SEED}); a median change within "
                      f"±{noise:g} % (the noise floor) is never called significant")
