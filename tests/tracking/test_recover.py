@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from k25exp.tracking import liveness
 from k25exp.tracking.liveness import where_tags
 from k25exp.tracking.mlflow_store import MlflowStore
@@ -56,3 +58,41 @@ def test_dead_runs_end_killed_live_ones_are_left(tmp_path):
     assert recover_stale(store, stale_after_s=60) == []  # a second pass has nothing to do
     alive.end("FINISHED")
     legacy.end("FINISHED")
+
+
+def _request(phase, level, chunks, sent=0.0, lag_ms=0.5):
+    """A requests.jsonl record as the client writes it (times in s after the send)."""
+    return {"phase": phase, "level": level, "ok": True, "sent_s": sent, "end_s": chunks[-1],
+            "chunk_s": chunks, "ttft_s": chunks[0], "e2e_s": chunks[-1],
+            "tpot_s": (chunks[-1] - chunks[0]) / (len(chunks) - 1), "output_tokens": len(chunks),
+            "lag_ms": lag_ms}
+
+
+def test_recovered_levels_are_never_called_valid(tmp_path):
+    import json
+
+    from k25exp.tracking import MemoryRecorder
+    from k25exp.tracking.recover import _macro_figures
+
+    even = [0.05 + 0.02 * i for i in range(8)]  # a token every 20 ms
+    # 5 silent steps, then 4 chunks within 1 ms: a delivery stall (k25exp.serving.stalls)
+    stalled = [0.05 + 0.02 * i for i in range(3)] + [0.19, 0.1905, 0.191, 0.1915, 0.192]
+    recs = ([_request("single", 1, even, sent=0.3 * i) for i in range(3)]
+            + [_request("sweep", 1, even, sent=1.0 + 0.3 * i) for i in range(3)]
+            + [_request("sweep", 2, even, sent=2.0), _request("sweep", 2, even, sent=2.0),
+               _request("sweep", 2, stalled, sent=2.3)])
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rec = MemoryRecorder()
+    _macro_figures(tmp_path, rec)
+    logged = {k for k, _, _ in rec.metrics}
+    # nothing says the client kept up (its loop lag and CPU were not kept): no valid = 1, no
+    # client_lagged = 0 anywhere
+    assert "single_stream_valid" not in logged and "single_stream_client_lagged" not in logged
+    assert "client_lagged" not in logged
+    assert rec.latest("valid") == {2: 0.0}  # level 2's stall is evidence enough: invalid
+    assert rec.latest("delivery_stalls") == {1: 0.0, 2: 1.0}
+    assert "validity unknown" in rec.tags["k25exp.recovered_validity"]
+    assert "levels [1]" in rec.tags["k25exp.recovered_validity"]
+    assert "single stream" in rec.tags["k25exp.recovered_validity"]
+    # the figures that were kept are the requests' own: TPOT 20 ms per token
+    assert rec.latest("single_stream_tpot_ms")[None] == pytest.approx(20.0)
