@@ -15,7 +15,7 @@ from k25exp.tracking import telemetry
 from k25exp.tracking.offline import METRICS_FILE, OfflineRun
 from k25exp.tracking.recorder import MemoryRecorder
 from k25exp.tracking.telemetry import gpu_telemetry
-from tests.conftest import compose_cfg
+from tests.conftest import LIGHT_JOB, compose_cfg
 from tests.telemetry.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -115,3 +115,13 @@ def test_timed_points_keep_their_time_in_mlflow_and_offline(tmp_path):
     off.end()
     lines = [json.loads(x) for x in (tmp_path / "off" / METRICS_FILE).read_text().splitlines()]
     assert lines == [list(p) for p in points]
+
+
+def test_a_cpu_job_says_telemetry_is_off(k25):
+    # the hook in k25exp/job.py, end to end: the real CLI and store, a CPU box
+    r = k25(*LIGHT_JOB)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = r.runs()
+    assert run.data.tags["telemetry"] == "off (hardware.device=cpu)"
+    assert not [k for k in run.data.metrics if k.startswith("telemetry")]
+    assert not list(r.outputs.glob("runs/*/*/telemetry.csv"))
