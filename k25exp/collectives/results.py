@@ -2,7 +2,9 @@
 
 Definitions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
 algbw = S / t with S the per-rank buffer (for All-to-All the whole send buffer);
-busbw = algbw × 2(n−1)/n for AllReduce and × (n−1)/n for All-to-All. GB/s = 1e9 B/s.
+busbw = algbw × 2(n−1)/n for AllReduce and × (n−1)/n for All-to-All, AllGather and Gather.
+A sequence of ops of several kinds (a decode step) has bus bytes Σ S_i × factor(op_i) and
+busbw = bus bytes / t. GB/s = 1e9 B/s.
 Across ranks, each sample is the slowest rank's (every sample starts at a barrier, so the
 collective is done only when the last rank is).
 """
@@ -20,7 +22,7 @@ from k25exp.stats import mean, median, min_samples, percentile
 def bus_factor(op: str, world: int) -> float:
     if op == "all_reduce":
         return 2 * (world - 1) / world
-    if op in ("all_to_all", "all_gather"):
+    if op in ("all_to_all", "all_gather", "gather"):
         return (world - 1) / world
     raise ValueError(f"unknown collective {op!r}")
 
@@ -47,6 +49,13 @@ class PointResult:
     sequence_bytes: Optional[list[int]] = None
     impl: dict = field(default_factory=dict)  # the communicator and what it picked
     queued_kind_s: dict = field(default_factory=dict)  # a sequence's ops of one kind, bursts
+
+    def bus_bytes(self, world: int, op: str = "all_reduce") -> float:
+        """Bytes that count for bus bandwidth: each op of a sequence with its own kind's
+        factor (a step's all-gather is not an all-reduce); one op kind `op` otherwise."""
+        if self.sequence_ops and self.sequence_bytes:
+            return sum(b * bus_factor(o, world) for o, b in zip(self.sequence_ops, self.sequence_bytes))
+        return self.nbytes * bus_factor(op, world)
 
     def step_ms_by_kind(self) -> dict[str, float]:
         """A sequence's ops of each kind issued alone as a burst: median burst, ms per step."""

@@ -91,7 +91,12 @@ def collective_samples(raw: Path, experiment: str) -> Samples:
         per_op_s = [s / p.burst for s in q]
         op = "all_to_all" if experiment == "all_to_all" else "all_reduce"
         algbw = [p.nbytes / s / 1e9 for s in (q if experiment == "nccl_burst" else per_op_s)]
-        busbw = [x * bus_factor(op, world) for x in algbw] if world else []
+        if not world:
+            busbw = []
+        elif experiment == "nccl_burst":  # the step's ops, each kind with its own factor
+            busbw = [p.bus_bytes(world) / s / 1e9 for s in q]
+        else:
+            busbw = [x * bus_factor(op, world) for x in algbw]
         blocking_us = [s * 1e6 for s in p.blocking_s]
         graph = [s / p.burst * 1e6 for s in p.graph_s] if p.graph_s else []
         if experiment == "nccl_burst":

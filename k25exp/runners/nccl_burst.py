@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from k25exp import plots, tables
-from k25exp.collectives.results import bandwidths
 from k25exp.collectives.spec import Point
 from k25exp.collectives.step import decode_step_ops, uniform_ops
 from k25exp.config.schema import K25Config, NcclBurstConfig
@@ -30,7 +29,7 @@ COLUMNS = [
     tables.Column("ar_ms/step", "{:.3f}"), tables.Column("ag_ms/step", "{:.3f}"),
     tables.Column("graph(ms)", "{:.3f}"), tables.Column("algbw(GB/s)", "{:.3f}"),
     tables.Column("busbw(GB/s)", "{:.3f}"), tables.Column("#wrong", "{}", 8),
-    tables.Column("decode_share%", "{:.1f}", 13),
+    tables.Column("decode_share%", "{:.1f}", 14),
 ]
 STEP_COLUMNS = [tables.Column("#", "{}", 5), tables.Column("name", "{}", 14),
                 tables.Column("op", "{}", 12), tables.Column("elems/rank", "{}", 12),
@@ -65,8 +64,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     summary: dict[str, float] = dict(step)
     rows = []
     for p in files.points:
-        # bandwidth of the step's bytes over the burst, all-reduce bus factor (the bulk of it)
-        algbw, busbw = bandwidths(p.nbytes, p.burst_ms * 1e-3, "all_reduce", world)
+        # bandwidth of the step's bytes over the burst; bus bytes per op kind (nccl-tests'
+        # factors: an all-reduce's 2(n − 1)/n, the logits all-gather's (n − 1)/n)
+        algbw = p.nbytes / (p.burst_ms * 1e-3) / 1e9
+        busbw = p.bus_bytes(world) / (p.burst_ms * 1e-3) / 1e9
         m = {"burst_ms": p.burst_ms, "queued_op_us": p.queued_op_us,
              "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": p.wrong}
         if p.blocking_s:

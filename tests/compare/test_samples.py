@@ -30,6 +30,19 @@ def test_collective_samples_are_the_slowest_ranks_per_burst_and_per_op(tmp_path)
     assert burst[("burst_ms", None)] == pytest.approx([3000.0, 4000.0])
 
 
+def test_a_steps_bus_bandwidth_counts_its_all_gather_as_one(tmp_path):
+    env = [{"kind": "env", "rank": r, "world_size": 2} for r in (0, 1)]
+    # a step of one all-reduce of 8 B and an all-gather of 16 B (gathered)
+    point = {"kind": "point", "point": 0, "label": 1, "numel": 4, "bytes": 24, "burst": 2,
+             "sequence_ops": ["all_reduce", "all_gather"], "sequence_bytes": [8, 16]}
+    _write(tmp_path / "rank0.jsonl", [env[0], {**point, "rank": 0, "queued_s": [2.0]}])
+    _write(tmp_path / "rank1.jsonl", [env[1], {**point, "rank": 1, "queued_s": [1.0]}])
+    s = collective_samples(tmp_path, "nccl_burst")
+    # 2 ranks: 8 B × 2·1/2 + 16 B × 1/2 = 16 bus bytes in the slowest rank's 2 s
+    assert s[("busbw_gbps", None)] == pytest.approx([16 / 2.0 / 1e9])
+    assert s[("algbw_gbps", None)] == pytest.approx([24 / 2.0 / 1e9])
+
+
 def test_serving_samples_per_phase_and_level(tmp_path):
     def rec(phase, level, chunks, tokens, ok=True):
         tpot = (chunks[-1] - chunks[0]) / (tokens - 1)

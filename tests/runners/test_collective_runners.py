@@ -194,3 +194,36 @@ def test_vllms_avx2_build_in_every_rank_when_capped(tmp_path):
     points = [p for p in points if p["kind"] == "point"]
     assert points and all(p["wrong_all_ranks"] == 0 for p in points)
     assert set(rec.latest("wrong").values()) == {0}
+
+
+def test_a_step_with_an_all_gather_counts_each_op_kind_with_its_own_bus_factor(tmp_path):
+    """The step's bus bandwidth from hand-written rank files, replayed through the runner
+    (no torchrun): nccl-tests' factors per op kind, 2(n − 1)/n for an all-reduce and
+    (n − 1)/n for an all-gather, never the all-reduce's for the whole step."""
+    from k25exp.runners.collective import replaying
+    from k25exp.runners.nccl_burst import step_ops
+
+    cfg = to_typed(compose_cfg("experiment=nccl_burst", "experiment.communicator=torch",
+                               "experiment.tokens=1"), gpu_count=lambda: 0)
+    ops = step_ops(cfg)
+    # Kimi at TP 2, one token: 123 all-reduces of 7168 × 2 B, the logits all-gather of
+    # 163840 / 2 × 2 B per rank, gathered on 2 ranks: 327,680 B
+    assert [o.op for o in ops] == ["all_reduce"] * 123 + ["all_gather"]
+    assert {o.nbytes for o in ops[:-1]} == {14336} and ops[-1].nbytes == 327680
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for rank in (0, 1):
+        env = {"kind": "env", "rank": rank, "world_size": 2, "backend": "gloo", "host": "h",
+               "device": "cpu", "device_name": "cpu", "torch": "x", "threads": 1}
+        point = {"kind": "point", "rank": rank, "point": 0, "label": 1, "numel": 7168,
+                 "bytes": sum(o.nbytes for o in ops), "burst": len(ops),
+                 "sequence_ops": [o.op for o in ops], "sequence_bytes": [o.nbytes for o in ops],
+                 "queued_s": [0.001, 0.002, 0.003], "wrong": 0}
+        (raw / f"rank{rank}.jsonl").write_text(json.dumps(env) + "\n" + json.dumps(point) + "\n")
+    rec = MemoryRecorder()
+    with replaying(), pytest.raises(CollectiveFailed):  # a replay is a killed launch
+        runner_for(cfg.experiment)(cfg, tmp_path, rec)
+    burst_s = 0.002  # the median burst
+    bus_bytes = 123 * 14336 * 2 * (2 - 1) / 2 + 327680 * (2 - 1) / 2  # 1,927,168 B
+    assert one(rec, "busbw_gbps") == pytest.approx(bus_bytes / burst_s / 1e9)
+    assert one(rec, "algbw_gbps") == pytest.approx((123 * 14336 + 327680) / burst_s / 1e9)
