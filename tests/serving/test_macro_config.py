@@ -42,7 +42,8 @@ def test_impossible_values_name_their_keys():
                 "exceeds server.max_model_len=64", "server.tp=3 must divide",
                 "experiment.fault.kill_server_at_level=7"):
         assert key in msg, key
-    with pytest.raises(ConfigError, match="server.model_path=null generates a random bf16"):
+    with pytest.raises(ConfigError, match=r"server.model_path=null with model 'kimi_k25_int4' "
+                                          r"\(w4a16\).*set server.load_format=dummy \(got null\)"):
         typed("experiment=macro", "model=kimi_k25_int4")
 
 
