@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import glob
 import os
 import shlex
 import shutil
@@ -23,13 +24,34 @@ ROOT = project_root()
 register_configs()
 
 
-def _cuda() -> bool:
-    try:
-        import torch
+def _torch_cuda_available() -> bool:
+    import torch
 
-        return torch.cuda.is_available()
-    except Exception:
-        return False
+    return torch.cuda.is_available()
+
+
+def cuda_state(devices=None, nvidia_smi=None, cuda_available=_torch_cuda_available,
+               ) -> tuple[str, str]:
+    """("ok" | "absent" | "broken", why). Absent only when the machine has no GPU at all: no
+    /dev/nvidia* device and no nvidia-smi. A GPU that torch cannot use (no CUDA build, a
+    driver too old, an import that fails) is broken: its CUDA tests fail saying so, never
+    skip as if there were no GPU. `devices`, `nvidia_smi`: what the machine has (None: look)."""
+    if devices is None:
+        devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
+        nvidia_smi = shutil.which("nvidia-smi")
+    if not devices and not nvidia_smi:
+        return "absent", "no /dev/nvidia* device and no nvidia-smi: no GPU on this machine"
+    seen = ", ".join(devices + ([nvidia_smi] if nvidia_smi else []))
+    try:
+        if cuda_available():
+            return "ok", ""
+        why = "torch.cuda.is_available() is False"
+    except Exception as e:
+        why = f"torch cannot use CUDA: {type(e).__name__}: {e}"
+    return "broken", f"this machine has a GPU ({seen}) but {why}"
+
+
+CUDA = cuda_state()
 
 
 # Fixtures that start a real vLLM server: their tests run in one xdist worker, in order.
@@ -47,8 +69,9 @@ def pytest_collection_modifyitems(config, items):
     its own model folder), beside the vLLM worker. Tests that use a process-starting fixture
     or the fake server are `e2e`, as are those marked so by hand. `cuda` tests need a GPU: here they skip,
     saying so; on a GPU box (`pytest -m cuda`) they all run, and a missing optional kernel is
-    an xfail with its reason."""
-    skip = None if _cuda() else pytest.mark.skip(
+    an xfail with its reason; on a box with a GPU that torch cannot use they fail, saying why
+    (cuda_state)."""
+    skip = None if CUDA[0] != "absent" else pytest.mark.skip(
         reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU box)")
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -60,6 +83,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(f"fake:{item.module.__name__}"))
         if skip and "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_setup(item):
+    """A CUDA test on a machine whose GPU torch cannot use fails, with the reason."""
+    if CUDA[0] == "broken" and "cuda" in item.keywords:
+        pytest.fail(CUDA[1], pytrace=False)
 
 
 # The cheapest real job, for tests whose subject is not the experiment (tracking, launchers,
