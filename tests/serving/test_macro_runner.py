@@ -144,21 +144,25 @@ def test_stall_figures_follow_from_the_jsonl(macro):
     assert summary["stalled_levels"] == sum(1 for v in rec.latest("delivery_stalls").values() if v)
 
 
-def test_client_and_server_agree_where_nothing_held_tokens_back(macro):
+def test_client_and_server_agree_where_nothing_held_tokens_back(macro, record_property):
     """What scheduling cannot break: the server counted exactly the client's completed
     requests, and the gap figure follows its definition. Then, on every level the client did
     not lag, the client's TPOT over the requests no delivery stall touched (mean or median:
     one late last chunk moves a mean of a few requests, not both) is the engine's own mean
     within 20 % + 1 ms. The exactness of the client's definitions is proven against the stub
-    server (tests/serving/test_client.py); this catches a gross disagreement on the real one."""
+    server (tests/serving/test_client.py); this catches a gross disagreement on the real one.
+    A run where no phase could be compared is an xfail naming why, never a pass or a silent
+    skip, and the junit property client_server_compared counts the phases compared."""
     _, rec, summary = macro
-    compared = 0
+    compared, skipped = 0, []
     assert sorted(rec.latest("server_tpot_ms_mean")) == [1, 2, 4]
     for c, server_ms in rec.latest("server_tpot_ms_mean").items():
         assert rec.latest("server_requests")[c] == rec.latest("completed")[c]
         assert rec.latest("tpot_gap_pct")[c] == pytest.approx(
             (rec.latest("tpot_ms_mean")[c] - server_ms) / server_ms * 100)
         if rec.latest("client_lagged")[c] or not rec.latest("tpot_n_no_stalls")[c]:
+            skipped.append(f"c={c}: " + ("client lag" if rec.latest("client_lagged")[c]
+                                         else "every request stalled"))
             continue
         gaps = [rec.latest(k)[c] - server_ms for k in ("tpot_ms_mean_no_stalls", "tpot_ms_p50_no_stalls")]
         assert min(map(abs, gaps)) <= 0.2 * server_ms + 1.0, (c, gaps, server_ms)
@@ -170,10 +174,15 @@ def test_client_and_server_agree_where_nothing_held_tokens_back(macro):
         gap = summary["single_stream_tpot_ms_no_stalls"] - server_ms
         assert abs(gap) <= 0.2 * server_ms + 1.0, (gap, server_ms)
         compared += 1
+    else:
+        skipped.append("single stream: " + ("client lag" if summary["single_stream_client_lagged"]
+                                            else "every request stalled"))
     assert rec.latest("server_ttft_ms_mean")[1] <= rec.latest("ttft_ms_mean")[1] + 1.0
-    if not compared:
-        pytest.skip("every phase was flagged for client lag or had every request stalled: no "
-                    "client figure to hold against the server's")
+    record_property("client_server_compared", compared)
+    record_property("client_server_not_compared", "; ".join(skipped) or "none")
+    if not compared:  # the check did not run: say so in the summary (xfailed), not as a pass
+        pytest.xfail("no phase to hold the client's TPOT against the server's: "
+                     + "; ".join(skipped))
 
 
 def test_endpoint_mode_attaches_and_never_logs_the_key(vllm, tmp_path):
