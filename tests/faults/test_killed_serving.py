@@ -63,8 +63,24 @@ def test_sigkill_mid_level_then_recover(tmp_path):
     assert run.info.status == "KILLED"
     assert "macro: single-stream phase, 1 finished concurrency level(s) [1]" in tags["k25exp.recovered_figures"]
     assert [m.step for m in c.get_metric_history(run.info.run_id, "output_tok_s")] == [1]
-    assert run.data.metrics["single_stream_tpot_ms"] > 0
+    # the recovered figures, recomputed by hand from the records the job left
+    recs = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()
+            if line.strip()]
+    single = [r for r in recs if r["phase"] == "single" and r["ok"]]
+    tpots = sorted((r["chunk_s"][-1] - r["chunk_s"][0]) / (r["output_tokens"] - 1) * 1e3
+                   for r in single)
+    assert len(tpots) == 2  # experiment.single_stream_requests: the median is their mean
+    assert run.data.metrics["single_stream_tpot_ms"] == pytest.approx((tpots[0] + tpots[1]) / 2)
+    level = [r for r in recs if r["phase"] == "sweep" and r["level"] == 1]
+    wall = max(r["sent_s"] + r["end_s"] for r in level) - min(r["sent_s"] for r in level)
+    tok_s = sum(r["output_tokens"] for r in level if r["ok"]) / wall
+    assert c.get_metric_history(run.info.run_id, "output_tok_s")[0].value == pytest.approx(tok_s)
+    assert run.data.metrics["peak_output_tok_s"] == pytest.approx(tok_s)
     assert run.data.metrics["peak_concurrency"] == 1
+    # the client's health was not kept: no level is called valid, and the run says why
+    assert 1.0 not in {m.value for m in c.get_metric_history(run.info.run_id, "valid")}
+    assert run.data.metrics.get("single_stream_valid", 0.0) == 0.0
+    assert "validity unknown" in tags["k25exp.recovered_validity"]
     arts = artifact_paths(c, run.info.run_id)
     assert {"requests.jsonl", "config.resolved.yaml", "plots/throughput_vs_concurrency.png"} <= arts, arts
     assert not fake_servers_of(tmp_path)
