@@ -223,4 +223,13 @@ def test_a_sweep_parent_stands_for_its_children_paired_by_swept_value(store):
     # gap 40 was run twice: the newer run (A2) stands for it; gap 48 is B
     pairs = {r["pair"] for r in rows["rows"]}
     assert pairs == {f"macro [FAKE_VLLM_GAP_MS={BASE_GAP}]", f"macro [FAKE_VLLM_GAP_MS={LONG_GAP}]"}
-    assert not [r for r in rows["rows"] if r["significant"]]  # each run against itself
+    # each run against itself: every tested figure's samples are the same on both sides, so
+    # U = n_a·n_b / 2 and p = 1 exactly, and A = B. A pairing that crossed runs (gap 40 against
+    # 48) would show p < 1 and a change; a compare that tested nothing would show no rows here.
+    tested = [r for r in rows["rows"] if r["p"] is not None]
+    assert {r["pair"] for r in tested} == pairs
+    assert any(r["metric"] == "single_stream_tpot_ms" and r["n"] == [12, 12] for r in tested)
+    for r in tested:
+        assert r["p"] == 1.0 and r["p_adjusted"] == 1.0, r
+        assert r["n"][0] == r["n"][1] and r["a"] == r["b"] and r["median_change_pct"] == 0.0, r
+        assert r["significant"] is False
