@@ -29,7 +29,8 @@ from k25exp.config.schema import GemmConfig, K25Config
 from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
 from k25exp.gemm.quant import dequantize, packed_bytes, quantize_w4a16, random_weight
-from k25exp.gemm.shapes import GemmShape, expert_m, expert_tokens, model_gemm_shapes
+from k25exp.gemm.shapes import (GemmShape, expert_m, expert_tokens, model_gemm_shapes,
+                                 routed_expert_dims)
 from k25exp.gemm.timing import time_fn
 from k25exp.tracking.recorder import Recorder
 from k25exp.stats import min_samples
@@ -201,7 +202,7 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
     m = cfg.model
     if not exp.moe_kernels or not exp.moe_batches or m.n_routed_experts <= 0:
         return []
-    inter = m.moe_intermediate_size // exp.tp
+    _, _, inter = routed_expert_dims(m, exp.tp)  # a rank model's own experts at tp=1
     label = f"moe.tp{exp.tp}"
     gib = m.n_routed_experts * 3 * inter * m.hidden_size * 2 / 2**30
     if gib > exp.moe_max_weight_gib:

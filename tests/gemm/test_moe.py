@@ -162,3 +162,22 @@ def test_marlin_moe_matches_a_token_by_token_loop_on_its_int4_weights(c):
     got = p.run(x.cuda(), tw.cuda(), ti.cuda()).float().cpu()
     assert got.shape == (c, H) and p.quantized
     assert (got - want).abs().max() / want.abs().max() < 2e-2
+
+
+def test_a_rank_models_experts_are_the_ranks_own(tmp_path):
+    """model.tp_rank_of=8: one TP-8 rank of Kimi has 384 experts of I = 2048 / 8 = 256, timed
+    as they are (tp 1), not divided again: 384 × 3 × 256 × 7168 × 2 B = 3.94 GiB."""
+    from k25exp.config.validate import to_typed
+    from k25exp.runners import runner_for
+    from k25exp.tracking import MemoryRecorder
+    from tests.conftest import compose_cfg
+
+    cfg = to_typed(compose_cfg("experiment=gemm", "model=kimi_k25_int4", "model.tp_rank_of=8",
+                               "hardware=h200_x1", "experiment.device=cpu",
+                               "experiment.shapes=[expert_down]", "experiment.m_values=[1]",
+                               "experiment.calls=2", "experiment.kernels=[torch_bf16]",
+                               "experiment.moe_max_weight_gib=1"), gpu_count=lambda: 1)
+    rec = MemoryRecorder()
+    runner_for(cfg.experiment)(cfg, tmp_path, rec)
+    assert rec.tags["skipped.moe.tp1"].startswith(
+        "384 experts x [512 x 7168] + [7168 x 256] bf16 = 3.9 GiB > experiment.moe_max_weight_gib=1")
