@@ -82,4 +82,6 @@ TPOT_PRED_ERR_MAX = "tpot_pred_err_pct_max"  # max |error| over the macro levels
 TPOT_PRED_MS = "tpot_pred_ms"
 TPOT_PRED_ERR = "tpot_pred_err_pct"
 # per profiled concurrency (step): the reconciliation's figures under this prefix
+# (k25exp.report.reconcile), among them recon.profiler_slowdown = (profiled step +
+# between-steps gap) / TPOT, the step's period under the profiler over its period without
 RECON = "recon."
