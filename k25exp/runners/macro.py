@@ -22,11 +22,11 @@ summary and plots: macro_results.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import math
 import time
+from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -35,7 +35,7 @@ from k25exp.config.schema import K25Config, MacroConfig
 from k25exp.runners.macro_phases import Phases, completed, max_in_flight
 from k25exp.runners.macro_results import finish, row
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
-from k25exp.serving import admin, repeats
+from k25exp.serving import admin, loops, repeats
 from k25exp.serving.client import CompletionClient
 from k25exp.serving.endpoint import Connection
 from k25exp.serving.errors import ServerDied, ServerError
@@ -43,6 +43,7 @@ from k25exp.serving.figures import describe_invalid
 from k25exp.serving.progress import Progress
 from k25exp.serving.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.registry import release
+from k25exp.serving.shards import CHUNKS_PER_PROCESS
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ LEVEL_METRICS |= {  # open loop, goodput, the user's view from the scheduled sen
     "target_rate_req_s", "scheduled_rate_req_s", "achieved_rate_req_s", "rate_error_pct",
     "rate_missed", "goodput_req_s", "goodput_tok_s", "good_fraction", "client_lag_n",
     "output_tok_s_ci_lo", "output_tok_s_ci_hi", "prefix_cache_queries", "prefix_cache_hits",
-    "prefix_cache_hit_rate", "repeats"}
+    "prefix_cache_hit_rate", "repeats", "client_processes", "client_failures"}
 
 
 # The single-stream phase's figures, logged once (no step): key -> the phase's figure.
@@ -136,7 +137,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         rec.log_metrics({"model_generate_s": time.perf_counter() - t})
     record_server(cfg, conn, rec)
     try:
-        return asyncio.run(_measure(cfg, conn, out, rec))
+        return loops.run(_measure(cfg, conn, out, rec), cfg.experiment.client_event_loop)
     except ServerDied:
         if conn.managed:
             release(conn.managed)  # stop what's left of it; the next job starts afresh
@@ -152,8 +153,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     prompt, tok_path = _prompts(cfg, conn)
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
-    rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": f"httpx {httpx.__version__}, "
-                  "one asyncio process (the load it sends: macro.load)", "macro.tpot_definition":
+    rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": _client_tag(exp),
+                  "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks",
                   "macro.load": _load_tag(exp)})
     out.mkdir(parents=True, exist_ok=True)
@@ -163,13 +164,15 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     cache: dict = {}  # whether the prefix cache could be reset, and why not
     # Closed on every path (an unexpected error included): what was measured stays readable.
     with open(out / "requests.jsonl", "wb") as jsonl:
-        async with CompletionClient(conn.base_url, conn.model, conn.api_key, exp.request_timeout_s,
-                                    max_connections=max_in_flight(exp) + 4,
-                                    continuous_usage=exp.continuous_usage,
-                                    temperature=exp.temperature, seed=exp.seed) as client:
-            with Progress(exp.progress) as progress:
-                t0 = time.perf_counter()  # every record's times (sent_s, scheduled_s) count from here
-                ph = Phases(exp, conn, client, prompt, jsonl, progress, t0)
+        client_kw = dict(base_url=conn.base_url, model=conn.model, api_key=conn.api_key,
+                         timeout_s=exp.request_timeout_s, max_connections=max_in_flight(exp) + 4,
+                         continuous_usage=exp.continuous_usage, temperature=exp.temperature,
+                         seed=exp.seed)
+        async with CompletionClient(**client_kw) as client:
+            with Progress(exp.progress) as progress, closing(Phases(
+                    exp, conn, client, prompt, jsonl, progress, time.perf_counter(),
+                    client_kw)) as ph:
+                # every record's times (sent_s, scheduled_s) count from ph.t0
                 if exp.warmup:
                     ph.write(await ph.run("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS))
                     _check_alive(conn, "warm-up")
@@ -216,6 +219,8 @@ async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, fl
     _check_alive(conn, "the single-stream phase")
     srv, src = await admin.server_view(http, conn.model, before, completed(res))
     figs = ph.figures(res, srv)
+    if figs.get("tpot_ms_p50"):  # bounds the chunk rate of every level: auto client processes
+        ph.single_tpot_s = figs["tpot_ms_p50"] / 1e3
     single = {k: figs[f] for k, f in SINGLE_STREAM.items() if figs.get(f) is not None}
     single.update({f"single_stream_{k}": v for k, v in srv.items()
                    if k.startswith(("spec_", "accept", "mean_accept"))})
@@ -275,6 +280,18 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
                                      exp.max_client_lag_ms))
     rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=step_of(exp, c))
     return figs
+
+
+def _client_tag(exp: MacroConfig) -> str:
+    procs = (f"{exp.client_processes} client process(es) per level (fewer where a level has "
+             "fewer streams)" if exp.client_processes else
+             "client processes per level: auto (enough that each streams at most "
+             f"{CHUNKS_PER_PROCESS} chunks/s of the level's most: per level, client_processes)")
+    cap = (f"; open loop over several processes: the cap split into equal shares, one per "
+           "process" if exp.load == "open" else "")
+    return (f"httpx {httpx.__version__} (one keep-alive connection per request in flight), "
+            f"{loops.version(exp.client_event_loop)} event loop; {procs}{cap} "
+            "(the load it sends: macro.load)")
 
 
 def _load_tag(exp: MacroConfig) -> str:

@@ -2,7 +2,9 @@
 sent by the client, and its figures, with the server's view merged and the records written.
 
 A phase's raw result is the client's: the request records, wall and CPU time, the event
-loop's lag. `figures()` turns it into the level's figures (k25exp.serving.figures) once the
+loop's lag. A level whose load one event loop cannot keep up with is sent by several client
+processes as one load (experiment.client_processes; k25exp.serving.shards), its records merged
+into the same requests.jsonl and figures, the client's health judged per process. `figures()` turns it into the level's figures (k25exp.serving.figures) once the
 server's own counters for it are known, and only then writes its records to requests.jsonl:
 no disk I/O in the event loop while a phase is timed.
 """
@@ -22,6 +24,7 @@ from k25exp.serving.client import CompletionClient, run_level, run_open_level
 from k25exp.serving.endpoint import Connection
 from k25exp.serving.figures import goodput, level_figures, rate_figures, tpot_gap_pct
 from k25exp.serving.progress import Progress
+from k25exp.serving.shards import ShardPool, _Prompts, auto_processes
 from k25exp.serving.stalls import StallRule
 
 log = logging.getLogger(__name__)
@@ -50,11 +53,31 @@ class Phases:
     client, into one requests.jsonl: `run` one, then `figures` of it (which writes it)."""
 
     def __init__(self, exp: MacroConfig, conn: Connection, client: CompletionClient,
-                 prompt: Callable[[int], object], jsonl: BinaryIO, progress: Progress, t0: float):
+                 prompt: Callable[[int], object], jsonl: BinaryIO, progress: Progress, t0: float,
+                 client_kw: Optional[dict] = None):
         self.exp, self.conn, self.client, self.prompt = exp, conn, client, prompt
+        self.client_kw = client_kw or {}  # CompletionClient's arguments, for client processes
         self.jsonl, self.progress, self.t0 = jsonl, progress, t0
         self.rule = StallRule(exp.stall_burst_frac, exp.stall_min_chunks, exp.stall_min_gap_ms)
         self.killed = False  # the fault hook has fired (it fires once per job)
+        self.single_tpot_s: Optional[float] = None  # the single stream's, for auto processes
+        self.pool: Optional[ShardPool] = None  # client processes, started when first needed
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def processes(self, c: int, n: Optional[int], rate: Optional[float]) -> int:
+        """Client processes for a phase: experiment.client_processes, or auto (shards'
+        rule), never more than the phase has streams (closed) or requests (open)."""
+        exp = self.exp
+        # every process needs a stream (closed) or a slot of the cap and a request (open)
+        most = c if rate is None else min(n or max_in_flight(exp), max_in_flight(exp))
+        if exp.client_processes:
+            return max(1, min(exp.client_processes, most))
+        return min(most, auto_processes(c if rate is None else max_in_flight(exp),
+                                        self.single_tpot_s, rate, exp.output_tokens))
 
     def dead(self) -> bool:
         return not self.conn.alive()
@@ -80,20 +103,25 @@ class Phases:
         def nth_prompt(i: int):
             return self.prompt(first_prompt + i)
 
+        P = self.processes(c, n, rate)
+        due = None
+        if rate is not None:
+            due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
+                           exact=exp.exact_rate and n is not None)
         # No garbage collection while a level runs: a full pass over the half million objects
         # transformers leaves behind stalls the event loop for 0.2-1 s (seen as client lag);
         # reference counting frees the level's garbage, the rest goes after.
         gc.disable()
         try:
-            if rate is not None:
-                due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
-                               exact=exp.exact_rate and n is not None)
+            if P > 1:
+                res = await self._run_processes(P, name, level, c, n, duration, first_prompt,
+                                                due, on_record)
+            elif rate is not None:
                 res = await run_open_level(self.client, nth_prompt, phase=name, level=level,
                                            due_s=due, max_tokens=exp.output_tokens, t0=self.t0,
                                            max_concurrency=max_in_flight(exp),
                                            input_tokens=exp.input_tokens, on_record=on_record,
                                            should_stop=self.dead)
-                res["rate"] = rate
             else:
                 res = await run_level(self.client, nth_prompt, phase=name, level=level,
                                       concurrency=c, max_tokens=exp.output_tokens, t0=self.t0,
@@ -104,7 +132,31 @@ class Phases:
         finally:
             gc.enable()
         gc.collect()
+        if rate is not None:
+            res["rate"] = rate
+        for why in res.get("client_failures", ()):
+            log.warning("%s %s: %s", name, f"rate {rate:g}/s" if rate else f"c={c}", why)
         return res
+
+    async def _run_processes(self, P: int, name: str, level: float, c: int, n: Optional[int],
+                             duration: Optional[float], first_prompt: int, due, on_record) -> dict:
+        """The phase over P client processes (k25exp.serving.shards): each gets the prompts it
+        may send (a count: the texts; a duration: the prompt builder), one start time."""
+        exp = self.exp
+        if self.pool is None:
+            self.pool = ShardPool(self.client_kw, exp.client_event_loop)
+        count = n if due is None else len(due)
+        prompts = (_Prompts(builder=self.prompt, first=first_prompt) if count is None else
+                   _Prompts({i: self.prompt(first_prompt + i) for i in range(count)}))
+        common = dict(phase=name, level=level, max_tokens=exp.output_tokens, t0=self.t0,
+                      input_tokens=exp.input_tokens, on_record=on_record,
+                      should_stop=self.dead, processes=P)
+        if due is not None:
+            return await self.pool.run_open(prompts, due_s=due,
+                                            max_concurrency=max_in_flight(exp), **common)
+        return await self.pool.run_closed(prompts, concurrency=c, n_requests=n,
+                                          duration_s=duration,
+                                          ramp_s=exp.ramp_s if name == "sweep" else 0.0, **common)
 
     def write(self, res: dict) -> None:
         """The phase's records into requests.jsonl, once (after the phase is over)."""
@@ -143,4 +195,8 @@ class Phases:
         exp = self.exp
         return level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
                              exp.max_client_lag_ms, exp.output_tokens, exp.input_tokens,
-                             self.rule, step_ref_s=step_ref_s)
+                             self.rule, step_ref_s=step_ref_s,
+                             loop_lag_by_process=res.get("loop_lag_ms_by_process"),
+                             client_failures=res.get("client_failures", ()),
+                             spans=[(x["start"] - self.t0, x["start"] - self.t0 + x["wall_s"])
+                                    for x in res.get("repeats", [res]) if "start" in x])

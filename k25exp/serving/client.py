@@ -288,7 +288,7 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
                     on_record: Optional[Callable[[dict], None]] = None,
                     should_stop: Optional[Callable[[], bool]] = None,
                     ramp_s: float = 0.0, workers: Optional[Sequence[int]] = None,
-                    counter=None, start_at: Optional[float] = None) -> dict:
+                    counter=None, start_at: Optional[float] = None, shard: int = 0) -> dict:
     """Closed loop: `concurrency` workers, each sending its next request when the last ends.
 
     Request i uses prompt(i), so the same prompts are sent at every level. Stops after
@@ -297,7 +297,8 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
     w × ramp_s / concurrency, so rounds do not move in lockstep (0: all at once).
     A shard of a loop that several processes run (k25exp.serving.shards) runs only
     `workers` (of 0 … concurrency − 1), takes request indices from the shared `counter`
-    and starts at the shared `start_at`: together the shards run this one loop.
+    and starts at the shared `start_at`: together the shards run this one loop (`shard`
+    names the process in each record).
     Returns {"records", "wall_s", "cpu_s", "loop_lag_ms", "start", "end"}.
     """
     if (n_requests is None) == (duration_s is None):
@@ -321,7 +322,7 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
             i = counter.claim(n_requests)
             if i is None:
                 return
-            rec = {"phase": phase, "level": level, "i": i, "worker": w,
+            rec = {"phase": phase, "level": level, "i": i, "worker": w, "shard": shard,
                    "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
                    "scheduled_s": scheduled - t0}
             await client.complete(prompt(i), max_tokens, rec, t0)
@@ -344,7 +345,7 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
                          on_record: Optional[Callable[[dict], None]] = None,
                          should_stop: Optional[Callable[[], bool]] = None,
                          indices: Optional[Sequence[int]] = None,
-                         start_at: Optional[float] = None) -> dict:
+                         start_at: Optional[float] = None, shard: int = 0) -> dict:
     """Open loop: request i is due at due_s[i] seconds after the level starts, whatever the
     responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency (the macro
     runner always gives one: experiment.max_concurrency, else its own cap of 256), a due
@@ -366,7 +367,7 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
             await asyncio.sleep(delay)
         if should_stop and should_stop():
             return
-        rec = {"phase": phase, "level": level, "i": i, "worker": None,
+        rec = {"phase": phase, "level": level, "i": i, "worker": None, "shard": shard,
                "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
                "scheduled_s": start + due - t0}
         if slots is None:

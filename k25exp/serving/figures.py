@@ -13,7 +13,9 @@ Per request (the client's clock, seconds after the request was sent):
              decoding, 1 + accepted with it, as long as the server streams each step as it
              happens: at batch 1 it does)
 Per level (requests that failed count in `errors` only):
-    output_tok_s   Σ output tokens / wall time of the level (first send → last response)
+    output_tok_s   Σ output tokens / wall time of the level (first send → last response);
+                   output_tok_s_ci_lo/_hi its 95 % interval by batch means over time windows
+                   of the level (throughput_ci)
     request_s      successful requests / wall time
     client_lag_ms_p99   p99 of (actual − scheduled send time), the scheduled time of a
                    worker's next request being the end of its previous response; in an open
@@ -21,8 +23,13 @@ Per level (requests that failed count in `errors` only):
                    256): that wait is its queue_ms, in ttft_sched/e2e_sched, not here
     client_loop_lag_ms_mean/p50/p99  how late the client's event loop woke a 10 ms sleeper:
                    chunk arrival times are stamped that late. Its p99 also shows the client
-                   being preempted (on a CPU box the server's threads share its cores)
-    client_cpu_util     client process CPU seconds / wall seconds (1.0 = one core)
+                   being preempted (on a CPU box the server's threads share its cores). With
+                   several client processes (experiment.client_processes), the laggiest one's
+    client_cpu_util     client process CPU seconds / wall seconds (1.0 = one core); with
+                   several processes, the busiest one's
+    client_processes    processes that sent the level (logged when more than one)
+    client_failures     client processes that failed during the level: their unfinished
+                   requests are failed records (errors), and the level is invalid
     client_lagged  1 when client_lag_ms_p99 or client_loop_lag_ms_mean is above
                    max_client_lag_ms, or client_cpu_util above 0.9 (one event loop near a full
                    core): the level measured the client, not the server
@@ -30,7 +37,7 @@ Per level (requests that failed count in `errors` only):
                    tokens made on time but delivered late in a burst (k25exp.serving.stalls)
     tpot_ms_mean_no_stalls, tpot_ms_p50_no_stalls, tpot_n_no_stalls  TPOT over the requests
                    no stall touched (tpot_ms_* count every request: what users saw)
-    valid          1 unless the client lagged or a delivery stall was seen; invalid_reason()
+    valid          1 unless the client lagged or failed, or a delivery stall was seen; invalid_reason()
                    names which
     tpot_gap_pct   (client mean TPOT − server mean TPOT) / server's, % (tpot_gap_pct())
 Percentiles are linear interpolation between order statistics (numpy's default).
@@ -71,9 +78,17 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
                   loop_lag_ms: Sequence[float] = (), max_client_lag_ms: float = float("inf"),
                   target_output: Optional[int] = None, target_input: Optional[int] = None,
                   stall_rule: stalls.StallRule = stalls.StallRule(),
-                  step_ref_s: Optional[float] = None) -> dict:
+                  step_ref_s: Optional[float] = None,
+                  loop_lag_by_process: Optional[Sequence[Sequence[float]]] = None,
+                  client_failures: Sequence[str] = (),
+                  spans: Sequence[tuple[float, float]] = ()) -> dict:
     """The level's figures; annotates each record with its `stalls` (stalls.mark), measured
-    against `step_ref_s` (the engine's TPOT) when given, else the level's median TPOT."""
+    against `step_ref_s` (the engine's TPOT) when given, else the level's median TPOT.
+    Several client processes (k25exp.serving.shards): `cpu_s` is the busiest one's, the loop
+    lag figures the laggiest one's (`loop_lag_by_process`, each process's samples), and
+    `client_failures` names the processes that failed: any flags the level. `spans`: the
+    level's wall time(s) (start, end; s from the records' t0; one per repeat), for the
+    throughput interval."""
     ok = [r for r in records if r["ok"]]
     step = stalls.mark(records, stall_rule, step_ref_s)
     m: dict[str, float] = {"requests": len(records), "completed": len(ok),
@@ -109,9 +124,9 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     out_tokens = sum(r["output_tokens"] or 0 for r in ok)
     m["output_tokens"] = out_tokens
     m["output_tok_s"] = out_tokens / wall_s if wall_s > 0 else 0.0
-    if len(ok) >= 2 and wall_s > 0:  # requests resampled, the level's wall time kept
-        lo, hi = bootstrap_ci([r["output_tokens"] or 0 for r in ok], stat=np.sum)
-        m["output_tok_s_ci_lo"], m["output_tok_s_ci_hi"] = lo / wall_s, hi / wall_s
+    ci = throughput_ci(ok, spans)
+    if ci is not None:
+        m["output_tok_s_ci_lo"], m["output_tok_s_ci_hi"] = ci
     m["request_s"] = len(ok) / wall_s if wall_s > 0 else 0.0
     if target_output is not None:
         m["output_tokens_mismatch"] = sum(r["output_tokens"] != target_output for r in ok)
@@ -124,22 +139,66 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
         m["client_lag_ms_p99"] = percentile(lags, 99)
         m["client_lag_ms_max"] = max(lags)
         m["client_lag_n"] = len(lags)
-    if loop_lag_ms:
-        m["client_loop_lag_ms_p50"] = percentile(loop_lag_ms, 50)
-        m["client_loop_lag_ms_p99"] = percentile(loop_lag_ms, 99)
-        m["client_loop_lag_ms_mean"] = mean(loop_lag_ms)
+    per_process = [x for x in (loop_lag_by_process or [loop_lag_ms]) if len(x)]
+    if per_process:  # the laggiest process's: one slow event loop among healthy ones still lags
+        m["client_loop_lag_ms_p50"] = max(percentile(x, 50) for x in per_process)
+        m["client_loop_lag_ms_p99"] = max(percentile(x, 99) for x in per_process)
+        m["client_loop_lag_ms_mean"] = max(mean(x) for x in per_process)
+    if loop_lag_by_process is not None:
+        m["client_processes"] = float(len(loop_lag_by_process) + len(client_failures))
+    m["client_failures"] = float(len(client_failures))
     if cpu_s is not None and wall_s > 0:
         m["client_cpu_util"] = cpu_s / wall_s  # 1.0 = one core busy all the time
     m["client_lagged"] = float(m.get("client_lag_ms_p99", 0.0) > max_client_lag_ms
                                or m.get("client_loop_lag_ms_mean", 0.0) > max_client_lag_ms
                                or m.get("client_cpu_util", 0.0) > MAX_CLIENT_CPU)
-    m["valid"] = float(not m["client_lagged"] and not m["delivery_stalls"])
+    m["valid"] = float(not m["client_lagged"] and not m["delivery_stalls"]
+                       and not m["client_failures"])
     return m
+
+
+WINDOWS = 10  # per span: batches of the throughput interval
+
+
+def throughput_ci(ok: Sequence[dict], spans: Sequence[tuple[float, float]],
+                  windows: int = WINDOWS, n_boot: int = 2000, seed: int = 0):
+    """95 % interval of output_tok_s by batch means: each span (a repeat's wall time) cut into
+    `windows` equal windows, each window's output tokens (a request's tokens placed at the
+    arrival of the chunks that carried them) over its length, and the ratio Σ tokens / Σ time
+    bootstrapped over the windows (fixed seed). What varies is when tokens arrived: a steady
+    level has a narrow interval, a level that ramped, stalled or drained a long tail a wide
+    one, and one whose every window got the same tokens none. Resampling requests instead
+    gives zero width always: ignore_eos makes every request the same size, over a fixed wall
+    time. Windows next to each other are correlated (a request spans several), so this is
+    the narrow side of the truth. None without spans or with fewer than 2 requests."""
+    spans = [(a, b) for a, b in spans if b > a]
+    if len(ok) < 2 or not spans:
+        return None
+    tok = np.zeros(windows * len(spans))
+    length = np.repeat([(b - a) / windows for a, b in spans], windows)
+    for r in ok:
+        cs, ct, out = r.get("chunk_s") or [], r.get("chunk_tokens") or [], r.get("output_tokens")
+        if not cs or not out or r.get("sent_s") is None:
+            continue
+        scale = out / (sum(ct) or 1)  # the server's count (usage), spread over its chunks
+        for t, n in zip(cs, ct):
+            at = r["sent_s"] + t
+            for j, (a, b) in enumerate(spans):
+                if a <= at <= b:
+                    k = min(int((at - a) / (b - a) * windows), windows - 1)
+                    tok[j * windows + k] += n * scale
+                    break
+    idx = np.random.default_rng(seed).integers(0, len(tok), size=(n_boot, len(tok)))
+    rates = tok[idx].sum(axis=1) / length[idx].sum(axis=1)
+    lo, hi = np.percentile(rates, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def invalid_reason(figs: dict) -> str:
     """Why a level is flagged invalid, in words ("" when it is valid)."""
     why = []
+    if figs.get("client_failures"):
+        why.append("client failed")
     if figs.get("client_lagged"):
         why.append("client lag")
     if figs.get("rate_missed"):
@@ -152,6 +211,9 @@ def invalid_reason(figs: dict) -> str:
 def describe_invalid(what: str, figs: dict, limit_ms: float) -> str:
     """One warning line for a level flagged invalid, with the figures behind each reason."""
     parts = []
+    if figs.get("client_failures"):
+        parts.append(f"{figs['client_failures']:.0f} client process(es) failed (their unfinished "
+                     "requests are counted as errors; the level ran below its load)")
     if figs.get("client_lagged"):
         parts.append(f"the client lagged (send lag p99 {figs.get('client_lag_ms_p99', 0):.1f} ms, "
                      f"loop lag mean {figs.get('client_loop_lag_ms_mean', 0):.1f} ms, limit "

@@ -175,7 +175,42 @@ def test_percentiles_below_their_sample_count_are_not_figures():
     # every median carries a bootstrap interval around it
     lo, hi = f100["ttft_ms_p50_ci_lo"], f100["ttft_ms_p50_ci_hi"]
     assert lo <= f100["ttft_ms_p50"] <= hi and hi - lo < 20
-    assert f100["output_tok_s_ci_lo"] <= f100["output_tok_s"] <= f100["output_tok_s_ci_hi"]
+
+
+def _level_in_windows(tokens_per_window, window_s=1.0, out=8):
+    """Requests of `out` tokens (ignore_eos: every one the same size), one chunk a token,
+    sent at 0 and streaming so that window k (of window_s seconds) receives
+    tokens_per_window[k] tokens: the level's delivery, window by window, is known."""
+    recs, k = [], 0
+    times = [w * window_s + (j + 0.5) * window_s / n for w, n in enumerate(tokens_per_window)
+             for j in range(n)]
+    assert len(times) % out == 0
+    for k in range(0, len(times), out):
+        cs = times[k:k + out]
+        recs.append({"ok": True, "status": 200, "sent_s": 0.0, "chunk_s": cs,
+                     "chunk_tokens": [1] * out, "output_tokens": out, "prompt_tokens": 4,
+                     "ttft_s": cs[0], "e2e_s": cs[-1], "tpot_s": (cs[-1] - cs[0]) / (out - 1),
+                     "lag_ms": 0.0, "ttft_sched_s": cs[0], "e2e_sched_s": cs[-1], "malformed": 0})
+    return recs, [(0.0, len(tokens_per_window) * window_s)]
+
+
+def test_throughput_interval_has_the_width_of_what_varies():
+    """output_tok_s's interval is over time windows of the level (batch means): every request
+    has the same token count under ignore_eos, so resampling requests over a fixed wall time
+    (the old interval) gave zero width always. Here 10 one-second windows alternate 40 and
+    80 tokens (mean 60 tok/s): a bootstrap of the mean of 10 such windows has a standard
+    error of 20 / sqrt(10) = 6.3 tok/s, so a 95 % interval about 2 x 1.96 x 6.3 = 25 tok/s
+    wide. A level that delivered 60 tokens in every window has nothing that varies: zero width."""
+    recs, spans = _level_in_windows([40, 80] * 5)
+    f = level_figures(recs, wall_s=10.0, spans=spans)
+    assert f["output_tok_s"] == pytest.approx(60.0)
+    lo, hi = f["output_tok_s_ci_lo"], f["output_tok_s_ci_hi"]
+    assert lo < 60.0 < hi
+    assert hi - lo == pytest.approx(2 * 1.96 * 20 / math.sqrt(10), rel=0.25)
+    assert lo > 40.0 and hi < 80.0  # the mean of 10 windows, never one window's rate
+    recs, spans = _level_in_windows([64] * 10)  # steady: 8 requests of 8 tokens per second
+    f = level_figures(recs, wall_s=10.0, spans=spans)
+    assert f["output_tok_s_ci_lo"] == f["output_tok_s_ci_hi"] == pytest.approx(64.0)
 
 
 def test_bootstrap_interval_of_a_median():

@@ -32,7 +32,9 @@ def model(tmp_path_factory):
 
 
 def run_macro(out, *overrides):
-    cfg = to_typed(compose_cfg(*overrides, *SMALL, f"paths.outputs={out}"), gpu_count=lambda: 0)
+    # a test's own overrides after SMALL: they win (before, SMALL's output_tokens=4 silently
+    # replaced a test's experiment.output_tokens=8)
+    cfg = to_typed(compose_cfg(*SMALL, *overrides, f"paths.outputs={out}"), gpu_count=lambda: 0)
     rec = MemoryRecorder()
     return cfg, rec, runner_for(cfg.experiment)(cfg, out, rec)
 
@@ -132,3 +134,36 @@ def test_an_uncapped_open_loop_names_the_clients_cap_and_queues_there(model, tmp
     assert max(r["ttft_s"] for r in sweep) < 0.11, [round(r["ttft_s"], 3) for r in sweep]
     assert all(r["ttft_sched_s"] >= r["ttft_s"] + r["queue_ms"] / 1e3 - 1e-6 for r in sweep)
     assert rec.latest("target_rate_req_s") == {1000000: 1000.0}  # the limited sweep: one level
+
+
+def test_levels_sent_by_several_client_processes_merge_into_one_record_and_figure_set(model, tmp_path):
+    """experiment.client_processes=3 against the fake's step engine (one token to every stream
+    every 20 ms): the warm-up and single stream (one stream each) go from this process, each
+    level from min(3, C) processes; requests.jsonl holds every request of a level once, each
+    naming its process, and the logged figures are the hand counts of those records."""
+    out = tmp_path / "out"
+    _, rec, _ = run_macro(out, *fake_overrides(model, tmp_path, "FAKE_VLLM_STEP_MS=20"),
+                          "experiment.client_processes=3", "experiment.concurrency=[2,6]",
+                          "experiment.requests=12", "experiment.output_tokens=6")
+    assert rec.latest("client_processes") == {2: 2.0, 6: 3.0}
+    assert rec.latest("client_failures") == {2: 0.0, 6: 0.0}
+    assert "3 client process(es) per level" in rec.tags["macro.client"]
+    recs = [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
+    assert {r["shard"] for r in recs if r["phase"] != "sweep"} == {0}
+    for c, procs in ((2, 2), (6, 3)):
+        lvl = [r for r in recs if r["phase"] == "sweep" and r["level"] == c]
+        assert sorted(r["i"] for r in lvl) == list(range(12)) and all(r["ok"] for r in lvl)
+        assert {r["shard"] for r in lvl} == set(range(procs))
+        assert sorted({r["worker"] for r in lvl}) == list(range(c))
+        tokens = sum(r["usage"]["completion_tokens"] for r in lvl)
+        wall = rec.latest("wall_s")[c]
+        assert tokens == 72 and rec.latest("output_tok_s")[c] == pytest.approx(tokens / wall)
+        tpot = sorted((r["chunk_s"][-1] - r["chunk_s"][0]) / 5 for r in lvl)
+        assert rec.latest("tpot_ms_p50")[c] == pytest.approx((tpot[5] + tpot[6]) / 2 * 1e3)
+        assert rec.latest("tpot_ms_p50")[c] == pytest.approx(20.0, abs=5.0)  # the fake's step
+        ttft = sorted(r["chunk_s"][0] for r in lvl)
+        assert rec.latest("ttft_ms_p50")[c] == pytest.approx((ttft[5] + ttft[6]) / 2 * 1e3)
+        lags = [r["lag_ms"] for r in lvl]
+        assert rec.latest("client_lag_ms_max")[c] == pytest.approx(max(lags))
+        lo, hi = rec.latest("output_tok_s_ci_lo")[c], rec.latest("output_tok_s_ci_hi")[c]
+        assert lo < tokens / wall < hi  # when tokens arrived varies over a level: a width
