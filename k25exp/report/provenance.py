@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from k25exp.report.sources import Campaign, RunView
+from k25exp.serving.vllm_version import NOT_INSTALLED
 
 COLLECTIVE_PHASES = ("nccl_burst", "allreduce_sweep")  # all_to_all times c10d by design
 SERVED_PHASES = ("macro", "profile", "spec_decode")
@@ -48,8 +49,10 @@ def tp_as_run(r: RunView) -> Optional[str]:
 
 
 def vllm_version(r: RunView) -> Optional[str]:
-    """What the server said it runs (GET /version), else the vLLM installed with the job."""
-    return r.tags.get("server.version") or r.tags.get("vllm")
+    """What the server said it runs (GET /version), else the vLLM installed with the job
+    (tag vllm.version, or vllm on older runs); a job without vLLM ran none of its code."""
+    v = r.tags.get("server.version") or r.tags.get("vllm.version") or r.tags.get("vllm")
+    return None if v == NOT_INSTALLED else v
 
 
 def cpu_build(r: RunView) -> Optional[str]:
@@ -67,7 +70,7 @@ FIELDS = (
     Field("tp (as run)", tp_as_run),
     Field("experiment.communicator", _param("experiment.communicator"), COLLECTIVE_PHASES),
     Field("experiment.graph (GEMM timing mode)", _param("experiment.graph"), ("gemm",)),
-    Field("vllm version (server.version, else tag vllm)", vllm_version),
+    Field("vllm version (server.version, else tag vllm.version)", vllm_version),
     Field("vllm.cpu_isa (kernel build)", cpu_build),
     Field("device (device_found)", lambda r: r.tags.get("device_found")),
     Field("git_commit", lambda r: r.tags.get("git_commit")),

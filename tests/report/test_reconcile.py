@@ -93,9 +93,13 @@ def test_each_phase_is_checked_at_the_tp_it_ran():
     assert refused_fields(c, burst) == {}
 
 
+VLLM = "vllm version (server.version, else tag vllm.version)"
+
+
 @pytest.mark.parametrize("tags, field, value", [
-    ({"vllm": "0.31.0"}, "vllm version (server.version, else tag vllm)", "0.31.0"),
-    ({"server.version": "0.31.0", "vllm": "0.32.0"}, "vllm version (server.version, else tag vllm)",
+    ({"vllm": "0.31.0"}, VLLM, "0.31.0"),
+    ({"vllm.version": "0.31.0"}, VLLM, "0.31.0"),
+    ({"server.version": "0.31.0", "vllm": "0.32.0"}, VLLM,
      "0.31.0"),
     ({"vllm.cpu_isa": "avx2"}, "vllm.cpu_isa (kernel build)", "avx2"),
     ({"device_found": "NVIDIA H100 80GB HBM3"}, "device (device_found)", "NVIDIA H100 80GB HBM3"),
@@ -125,6 +129,12 @@ def test_a_run_that_loaded_no_cpu_kernels_is_not_refused_for_it():
         stray = run("gemm", 96, {"experiment.tp": "2", "experiment.graph": "False"},
                     tags={"vllm.cpu_isa": value})
         assert refused_fields(c, stray) == {}
+    # nor for a vLLM version when it had none installed (it ran none of vLLM's code)
+    for r in c.runs:
+        r.tags["vllm.version"] = "0.32.0"
+    stray = run("gemm", 97, {"experiment.tp": "2", "experiment.graph": "False"},
+                tags={"vllm.version": "not installed"})
+    assert refused_fields(c, stray) == {}
 
 
 def test_reconciliation_figures_equal_the_runs_they_cite():
