@@ -66,6 +66,8 @@ FIELDS = (
     Field("model.hidden_size", _param("model.hidden_size")),
     Field("model.num_hidden_layers", _param("model.num_hidden_layers")),
     Field("model.dtype", _param("model.dtype")),
+    # one TP rank's layers as the model (model.tp_rank_of) vs the whole model: another question
+    Field("model.tp_rank_of", _param("model.tp_rank_of")),
     Field("hardware.name", _param("hardware.name")),
     Field("tp (as run)", tp_as_run),
     Field("experiment.communicator", _param("experiment.communicator"), COLLECTIVE_PHASES),

@@ -69,6 +69,17 @@ def test_a_run_of_another_model_is_refused_by_name():
     assert provenance.random_weights(c)
 
 
+def test_a_whole_model_run_is_refused_in_a_campaign_of_one_tp_rank():
+    """model.tp_rank_of=8 (one rank's layers, served at TP 1) and the whole model answer
+    different questions even with the same model.name."""
+    c = campaign()
+    c = Campaign(c.id, c.uri, [RunView(r.run_id, r.experiment_id, r.phase, r.status, r.start_time,
+                                       params={**r.params, "model.tp_rank_of": "8"}, metrics=r.metrics,
+                                       steps=r.steps, tags=r.tags) for r in c.runs])
+    whole = run("profile", 99, {"experiment.concurrency": "1", "model.tp_rank_of": "None"})
+    assert refused_fields(c, whole) == {whole.short: ("model.tp_rank_of", "None", "8")}
+
+
 def refused_fields(c, stray):
     """{run short id: the field it was refused on} with `stray` added to campaign c."""
     kept, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [stray]))
