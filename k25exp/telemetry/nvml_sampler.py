@@ -2,8 +2,8 @@
 
 Per GPU and tick: SM and memory clocks, power, GPU and memory-controller utilisation, memory
 used, temperature and NVML's clock event (throttle) reasons. Every ``procs_every_s`` also
-the GPU's running compute processes, with this job's process tree read at the same moment
-(procs.tree), so a process on the GPU can be told apart as the job's own or another's.
+the GPU's running compute processes, each told apart as the job's own or another's by its
+ancestry (procs.descends_from).
 
 ``nvml`` is the pynvml module (nvidia-ml-py) or anything with its function names; tests
 pass a fake, since no GPU is at hand there. An NVML query a GPU does not support reads as
@@ -66,8 +66,8 @@ class GpuProcess:
     gpu: int
     pid: int
     used_mib: Optional[float]
-    ours: bool  # in this job's process tree at that check
-    seen_as: Optional[str]  # its command line here; None = no such pid visible here
+    ours: bool  # the job's process is among its ancestors
+    seen_as: Optional[str]  # "(this job)", another's command line, or None: not visible here
 
 
 @dataclass
@@ -79,7 +79,7 @@ class SamplerResult:
     ticks: int
     late_ticks: int  # ticks skipped because a tick overran its period
     errors: dict[str, str]
-    ours_ever: set[int]  # every pid of this job's tree seen at any check
+    ours_ever: set[int]  # every GPU process found to be this job's
 
 
 class NvmlSampler:
@@ -95,6 +95,8 @@ class NvmlSampler:
         self.processes: list[GpuProcess] = []
         self.errors: dict[str, str] = {}
         self.ours_ever: set[int] = set()
+        self._judged: dict[int, bool] = {}  # pid → this job's? (pids are not reused in a run)
+        self._names: dict[int, Optional[str]] = {}
         self.ticks = self.late_ticks = 0
         self.note = ""  # what is sampled, in words (the job's `telemetry` tag)
         self._last_procs: Optional[float] = None
@@ -151,20 +153,39 @@ class NvmlSampler:
             self._last_procs = t
             self.check_processes(t)
 
+    def _list(self, g: Gpu) -> list:
+        return self._q(f"gpu{g.index}.processes", self.nvml.nvmlDeviceGetComputeRunningProcesses,
+                       g.handle) or []
+
     def check_processes(self, t: float) -> None:
-        # the tree before and after the query: a rank that starts or ends meanwhile is ours
-        ours = procs.tree(self.job_pid, self.proc_root)
-        listed = [(g.index, self._q(f"gpu{g.index}.processes",
-                                    self.nvml.nvmlDeviceGetComputeRunningProcesses, g.handle) or [])
-                  for g in self.gpus]
-        ours |= procs.tree(self.job_pid, self.proc_root)
-        self.ours_ever |= ours
-        for gpu, plist in listed:
-            for p in plist:
+        """Each GPU's compute processes, each judged once by its ancestry: the job's (the job
+        process is an ancestor), another's (visible here, it is not), or unattributed (not
+        visible here). One that is unseen but gone from NVML's list when asked again exited
+        between the two reads: left out, as it can be judged neither way."""
+        for g in self.gpus:
+            listed = self._list(g)
+            unseen = set()
+            for p in listed:
+                pid = int(p.pid)
+                if pid not in self._judged:
+                    self._judged[pid] = procs.descends_from(pid, self.job_pid, self.proc_root)
+                    if self._judged[pid] is None:
+                        unseen.add(pid)
+                        del self._judged[pid]  # judged again at the next check
+            if unseen:
+                still = {int(p.pid) for p in self._list(g)}
+                listed = [p for p in listed if int(p.pid) not in unseen - still]
+            for p in listed:
+                pid = int(p.pid)
+                ours = self._judged.get(pid)
+                if ours:
+                    self.ours_ever.add(pid)
+                if ours is False and self._names.get(pid) is None:
+                    self._names[pid] = procs.describe(pid, self.proc_root)
                 used = getattr(p, "usedGpuMemory", None)
                 self.processes.append(GpuProcess(
-                    t, gpu, int(p.pid), used / 2**20 if isinstance(used, int) else None,
-                    int(p.pid) in ours, procs.describe(int(p.pid), self.proc_root)))
+                    t, g.index, pid, used / 2**20 if isinstance(used, int) else None, bool(ours),
+                    "(this job)" if ours else self._names.get(pid)))
 
     def _run(self) -> None:
         next_t = time.monotonic()

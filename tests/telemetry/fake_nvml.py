@@ -18,7 +18,7 @@ class FakeGpu:
         self.name, self.app_clock, self.max_clock, self.uuid = name, app_clock, max_clock, uuid
         self.sm, self.mem, self.power_mw, self.util, self.mem_util = 1980, 3201, 500_000, 100, 50
         self.used_bytes, self.temp, self.reasons = 10 * 2**30, 50, 0
-        self.procs: list[tuple[int, int | None]] = []  # (pid, used bytes)
+        self.procs = []  # [(pid, used bytes)], or a callable returning them per call
         self.set(**state)
 
     def set(self, **state) -> "FakeGpu":
@@ -104,4 +104,6 @@ class FakeNvml:
         return _v(self.gpus[h].reasons)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return [SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in _v(self.gpus[h].procs)]
+        procs = self.gpus[h].procs  # a list, or a callable giving each call's list
+        procs = procs() if callable(procs) else procs
+        return [SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in _v(procs)]

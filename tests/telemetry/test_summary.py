@@ -112,6 +112,23 @@ def test_unthrottled_run_says_no():
     assert not rep.warnings
 
 
+@pytest.mark.parametrize("util, reasons, busy", [
+    (5, 0x0, True),        # a light load holds the clock: judged
+    (5, 0x1, False),       # NVML calls it idle
+    (100, 0x1, False),
+    (0, 0x0, False),       # no kernel in the window
+    (5, None, False),      # no reasons to tell a ramping clock from a held one: ≥ 50 % only
+    (60, None, True),
+])
+def test_what_counts_as_busy(util, reasons, busy):
+    nvml = FakeNvml([FakeGpu(sm=1500, util=util, reasons=UNSUPPORTED if reasons is None else reasons)])
+    s = NvmlSampler(nvml, [0], clock=Clock(5.0))
+    s.sample_once()
+    rep = summarize(s.stop())
+    assert rep.metrics["telemetry.busy_samples"] == int(busy)
+    assert rep.metrics.get("telemetry.throttled") == (1 if busy else None)  # 1500 < 1940.4
+
+
 def test_idle_run_cannot_say():
     nvml = FakeNvml([FakeGpu(sm=345, util=0, reasons=0x1)])
     s = NvmlSampler(nvml, [0], clock=Clock(5.0))
@@ -130,6 +147,9 @@ def stranger():
     out = subprocess.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
                          text=True, check=True)
     pid = int(out.stdout)
+    deadline = time.monotonic() + 5
+    while procs.describe(pid) != "sleep 60" and time.monotonic() < deadline:
+        time.sleep(0.01)  # the forked shell has not exec'd sleep yet
     yield pid
     try:
         os.kill(pid, 9)
@@ -159,7 +179,7 @@ def test_only_this_jobs_processes_is_not_shared():
 
 
 def test_a_process_outside_the_job_tree_shares_the_gpu(stranger):
-    assert stranger not in procs.tree(os.getpid())
+    assert procs.descends_from(stranger, os.getpid()) is False
     _, r = scripted({1: [(os.getpid(), None), (stranger, 3 * GIB)]}, job_pid=os.getpid())
     rep = summarize(r)
     assert rep.metrics["telemetry.gpu_shared"] == 1 and rep.metrics["telemetry.foreign_processes"] == 1
@@ -217,12 +237,34 @@ def test_thread_samples_at_its_period_and_stops():
     assert s.ticks == n  # nothing after stop
 
 
-def test_tree_reads_this_process_and_its_children():
-    child = subprocess.Popen(["sleep", "60"])
+def test_ancestry_tells_the_jobs_processes_from_others(stranger):
+    # a grandchild, as a vLLM worker is of the job (job → server → worker)
+    child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    grandchild = int(child.stdout.readline())
+    deadline = time.monotonic() + 5
+    while procs.describe(grandchild) != "sleep 60" and time.monotonic() < deadline:
+        time.sleep(0.01)  # the forked shell has not exec'd sleep yet
     try:
-        assert {os.getpid(), child.pid} <= procs.tree(os.getpid())
-        assert procs.describe(child.pid) == "sleep 60"
+        assert procs.descends_from(os.getpid(), os.getpid()) is True
+        assert procs.descends_from(grandchild, os.getpid()) is True
+        assert procs.descends_from(grandchild, child.pid) is True
+        assert procs.descends_from(child.pid, grandchild) is False
+        assert procs.descends_from(stranger, os.getpid()) is False
+        assert procs.descends_from(1, os.getpid()) is False
+        assert procs.describe(grandchild) == "sleep 60"
     finally:
-        child.kill()
+        os.kill(grandchild, 9)
         child.wait()
+    assert procs.descends_from(unused_pid(), os.getpid()) is None
     assert procs.describe(unused_pid()) is None
+
+
+def test_a_process_that_exits_between_two_reads_is_left_out():
+    ghost = unused_pid()
+    calls = iter([[(ghost, GIB), (os.getpid(), GIB)], [(os.getpid(), GIB)]])
+    nvml = FakeNvml([FakeGpu(procs=lambda: next(calls))])
+    s = NvmlSampler(nvml, [0], clock=Clock(0.0))
+    s.sample_once()
+    rep = summarize(s.stop())
+    assert [p.pid for p in s.processes] == [os.getpid()]
+    assert rep.metrics["telemetry.gpu_shared"] == 0 and rep.metrics["telemetry.unattributed_processes"] == 0
