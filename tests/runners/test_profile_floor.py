@@ -47,3 +47,13 @@ def test_a_model_the_byte_count_cannot_shard_is_a_tag_not_a_failure():
     c = cfg("model=kimi_k25_int4", "hardware=h200_x8_nvlink", "model.num_attention_heads=12")
     assert step_floor(c, {"decode_step_ms": 1.0}, rec) == {}
     assert "not divisible by tp=8" in rec.tags["floor.error"]
+
+
+def test_one_tp8_rank_served_on_one_gpu_reads_the_hand_counted_bytes():
+    # model.tp_rank_of=8 on hardware=h200_x1: the rank's shapes at server.tp 1
+    c = cfg("model=kimi_k25_int4", "model.tp_rank_of=8", "hardware=h200_x1",
+            "experiment.concurrency=1", "experiment.input_tokens=32", "experiment.output_tokens=32")
+    assert c.server.tp == 1
+    m = step_floor(c, {"decode_step_ms": 7.06}, MemoryRecorder())
+    assert m["floor.step_ms"] == pytest.approx((WEIGHTS + 48 * KV_PER_TOKEN) / 4.8e9)
+    assert m["floor.tp"] == 1
