@@ -35,7 +35,7 @@ from k25exp.serving import loops
 from k25exp.serving.client import CompletionClient, run_level
 from k25exp.serving.figures import level_figures
 from k25exp.serving.ports import free_port
-from k25exp.serving.shards import ShardPool, _Prompts
+from k25exp.serving.shards import ShardPool, Prompts
 
 MAX_LAG_MS = 20.0  # the macro runner's default experiment.max_client_lag_ms
 
@@ -59,8 +59,8 @@ async def one_process(url: str, c: int, n: int, out: int) -> dict:
 async def processes(pool: ShardPool, P: int, c: int, n: int, out: int) -> dict:
     kw = dict(phase="sweep", level=c, concurrency=c, max_tokens=out, t0=time.perf_counter(),
               duration_s=None)
-    await pool.run_closed(_Prompts({i: "fine" for i in range(c)}), n_requests=c, processes=P, **kw)
-    return await pool.run_closed(_Prompts({i: "fine" for i in range(n)}), n_requests=n,
+    await pool.run_closed(Prompts({i: "fine" for i in range(c)}), n_requests=c, processes=P, **kw)
+    return await pool.run_closed(Prompts({i: "fine" for i in range(n)}), n_requests=n,
                                  processes=P, **kw)
 
 

@@ -24,7 +24,7 @@ from k25exp.serving.client import CompletionClient, run_level, run_open_level
 from k25exp.serving.endpoint import Connection
 from k25exp.serving.figures import goodput, level_figures, rate_figures, tpot_gap_pct
 from k25exp.serving.progress import Progress
-from k25exp.serving.shards import ShardPool, _Prompts, auto_processes
+from k25exp.serving.shards import ShardPool, Prompts, auto_processes
 from k25exp.serving.stalls import StallRule
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,8 @@ class Phases:
         if self.pool is None:
             self.pool = ShardPool(self.client_kw, exp.client_event_loop)
         count = n if due is None else len(due)
-        prompts = (_Prompts(builder=self.prompt, first=first_prompt) if count is None else
-                   _Prompts({i: self.prompt(first_prompt + i) for i in range(count)}))
+        prompts = (Prompts(builder=self.prompt, first=first_prompt) if count is None else
+                   Prompts({i: self.prompt(first_prompt + i) for i in range(count)}))
         common = dict(phase=name, level=level, max_tokens=exp.output_tokens, t0=self.t0,
                       input_tokens=exp.input_tokens, on_record=on_record,
                       should_stop=self.dead, processes=P)

@@ -68,7 +68,7 @@ class SharedCounter:
             return i
 
 
-class _Prompts:
+class Prompts:
     """A shard's prompts: texts by request index (a count-limited phase ships exactly those)
     or the prompt builder itself (a duration-limited phase cannot know how many)."""
 
@@ -90,7 +90,7 @@ def _serve(conn, counter: SharedCounter, stop, client_kw: dict, loop_name: str) 
     loop = loops.new_event_loop(loop_name)
     asyncio.set_event_loop(loop)
     client = CompletionClient(**client_kw)
-    loop.run_until_complete(_warm(client))
+    loop.run_until_complete(client.warm())
     gc.collect()
     gc.freeze()  # the imports' objects are never scanned again
     try:
@@ -135,21 +135,6 @@ def _serve(conn, counter: SharedCounter, stop, client_kw: dict, loop_name: str) 
     finally:
         loop.run_until_complete(client.aclose())
         loop.close()
-
-
-async def _warm(client) -> None:
-    """One GET /health through a lane before any timed phase: httpx imports its transport's
-    modules (httpcore's connection, h11, anyio's backend) on a process's first request, ~50 ms
-    measured as lag in the first phase otherwise. Not a completion: the server's /metrics,
-    scraped around each level, must count only the level's requests."""
-    client.prepare(1)
-    lane = client._take()
-    try:
-        await lane.get("/health", timeout=5.0)
-    except Exception:  # an endpoint without /health: the imports are done all the same
-        pass
-    finally:
-        await client._give(lane)
 
 
 class _Shard:
@@ -214,7 +199,7 @@ class ShardPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    async def run_closed(self, prompts: _Prompts, *, phase: str, level: float, concurrency: int,
+    async def run_closed(self, prompts: Prompts, *, phase: str, level: float, concurrency: int,
                          max_tokens: int, t0: float, n_requests: Optional[int],
                          duration_s: Optional[float], input_tokens: Optional[int] = None,
                          ramp_s: float = 0.0, on_record: Optional[Callable[[dict], None]] = None,
@@ -237,7 +222,7 @@ class ShardPool:
         self._account(res, specs, lost, phase, level, max_tokens, input_tokens)
         return res
 
-    async def run_open(self, prompts: _Prompts, *, phase: str, level: float,
+    async def run_open(self, prompts: Prompts, *, phase: str, level: float,
                        due_s: Sequence[float], max_tokens: int, t0: float,
                        max_concurrency: Optional[int] = None,
                        input_tokens: Optional[int] = None,

@@ -47,6 +47,16 @@ def test_impossible_values_name_their_keys():
         typed("experiment=macro", "model=kimi_k25_int4")
 
 
+def test_client_processes_and_event_loop_are_checked():
+    c = typed("experiment=macro")
+    assert c.experiment.client_processes == 0 and c.experiment.client_event_loop == "auto"
+    with pytest.raises(ConfigError) as e:
+        typed("experiment=macro", "experiment.client_processes=-1",
+              "experiment.client_event_loop=trio")
+    assert "experiment.client_processes" in str(e.value)
+    assert "experiment.client_event_loop='trio': expected auto, asyncio or uvloop" in str(e.value)
+
+
 def test_endpoint_needs_a_base_url_and_a_tokenizer():
     with pytest.raises(ConfigError, match="server.base_url"):
         typed("experiment=macro", "server=endpoint")

@@ -14,7 +14,7 @@ import pytest
 
 from k25exp.serving.arrivals import schedule
 from k25exp.serving.figures import level_figures, rate_figures
-from k25exp.serving.shards import ShardPool, _Prompts, auto_processes, split
+from k25exp.serving.shards import ShardPool, Prompts, auto_processes, split
 from k25exp.serving.stub_server import StubThread
 
 pytestmark = pytest.mark.e2e  # spawns client processes
@@ -33,7 +33,7 @@ def pool(stub):
 
 
 def texts(n):
-    return _Prompts({i: "fine" for i in range(n)})
+    return Prompts({i: "fine" for i in range(n)})
 
 
 def test_split_and_auto_processes_by_hand():
