@@ -420,6 +420,11 @@ class ServerConfig:
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     gpu_memory_utilization: Optional[float] = None  # GPU builds
+    # GPU builds: the KV cache's size (--kv-cache-memory-bytes) instead of what is left under
+    # gpu_memory_utilization. vLLM then skips its start-up memory profiling, CUDA-graph memory
+    # estimate included (in 0.26 its longest part of a cold start after torch.compile);
+    # the step itself is unchanged.
+    kv_cache_memory_gib: Optional[float] = None
     enforce_eager: bool = False
     enable_prefix_caching: Optional[bool] = None  # null = vLLM's default
     seed: int = 0
@@ -671,6 +676,28 @@ class TraceBreakdownConfig(ExperimentBase):
     top_kernels: int = 30
 
 
+@dataclass
+class ExternalBurst:
+    """A decode step's collectives measured outside k25exp, quoted as such in the report."""
+
+    ms: float = 6.81
+    ops: int = 122
+    op_bytes: int = 14336
+    source: str = ("the seed campaign's burst: 122 all-reduces of 14,336 B (hidden 7168 x "
+                   "bf16, batch 1) in 6.81 ms, torchrun on 8 x RTX PRO 6000, PCIe only, no "
+                   "NVLink (an H200 box's NVLink is faster)")
+    seed: str = ("the seed campaign served Kimi-K2.5 INT4 at TP 8 on 8 x RTX PRO 6000 PCIe: "
+                 "TPOT 12-13 ms at batch 1, throughput plateau ~1,536 tok/s at concurrency 128")
+
+
+@dataclass
+class ScaleOutConfig:
+    # The campaign whose nccl_burst runs measured the step's collectives on the N-GPU box
+    # (hardware.tp = N, the whole model); null = none: the external burst below is used.
+    collectives_campaign: Optional[str] = None
+    external: ExternalBurst = field(default_factory=ExternalBurst)
+
+
 @experiment
 @dataclass
 class ReportConfig(ExperimentBase):
@@ -696,6 +723,9 @@ class ReportConfig(ExperimentBase):
     # Speculative-decoding projection grid: per-token acceptance rates and draft lengths.
     alphas: List[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
     draft_lengths: List[int] = field(default_factory=lambda: [1, 3, 7])
+    # A campaign of one TP-N rank (model.tp_rank_of=N): TPOT at TP N predicted from it
+    # (k25exp.report.scale_out).
+    scale_out: ScaleOutConfig = field(default_factory=ScaleOutConfig)
 
 
 @dataclass

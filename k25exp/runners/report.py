@@ -9,6 +9,7 @@ run) and into <paths.outputs>/reports/<campaign>/. Prints the headline table.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import shutil
@@ -18,7 +19,7 @@ from typing import Sequence
 
 from k25exp.config.schema import K25Config, ReportConfig
 from k25exp.report import (budget, expert_parallel, link, predict, provenance, reconcile, render,
-                           speculative)
+                           scale_out, speculative)
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section
 from k25exp.report.sources import latest_campaign, load_campaign
@@ -53,9 +54,16 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     micro, tpot = reconcile.Micro(c), reconcile.engine_tpot(c.closed_loop_macro())  # both sections' inputs
     recon, per_c = reconcile.reconcile(c, micro, tpot)
     pred, per_level = predict.predict(c, per_c, micro, tpot)
+    so = exp.scale_out
+    scaled, per_level_tp = scale_out.scale_out(
+        c, dataclasses.asdict(so.external),
+        (lambda: load_campaign(exp.tracking_uri, so.collectives_campaign))
+        if so.collectives_campaign else None)
     sections: list[Section] = [
         budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
         expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths)]
+    if scaled is not None:
+        sections.insert(3, scaled)
     if refused:  # refused by name, never summed
         sections[0].notes[:0] = [str(r) for r in refused]
     if provenance.random_weights(c):
@@ -74,6 +82,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     for k, m in per_c.items():  # step = the profiled concurrency
         rec.log_metrics({M.RECON + name: v for name, v in m.items()}, step=k)
     for k, m in per_level.items():  # step = the macro level
+        rec.log_metrics(m, step=k)
+    for k, m in per_level_tp.items():  # step = the rank's macro level
         rec.log_metrics(m, step=k)
     if per_level:
         worst = max(abs(m[M.TPOT_PRED_ERR]) for m in per_level.values())

@@ -109,7 +109,9 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
     optional = {"--max-num-seqs": s.max_num_seqs,
                 "--max-num-batched-tokens": s.max_num_batched_tokens,
                 "--gpu-memory-utilization": s.gpu_memory_utilization, "--tokenizer": s.tokenizer,
-                "--load-format": s.load_format}
+                "--load-format": s.load_format,
+                "--kv-cache-memory-bytes": int(s.kv_cache_memory_gib * 2**30)
+                if s.kv_cache_memory_gib else None}
     for flag, value in optional.items():
         if value is not None and value != "":
             argv += [flag, str(value)]

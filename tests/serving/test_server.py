@@ -204,3 +204,10 @@ def test_a_200_html_answer_is_a_clear_error_naming_the_url(proxy_page):
     assert rec["error"].startswith(f"not an event stream: POST {proxy_page}/v1/completions "
                                    "answered HTTP 200, content-type text/html")
     assert "Please sign in" in rec["error"]
+
+
+def test_kv_cache_size_in_gib_goes_to_vllm_in_bytes():
+    cfg = typed("experiment=macro", "server.kv_cache_memory_gib=1.5")
+    argv = server.launch_spec(cfg.server, Path("/m")).argv
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(3 * 2**29)  # 1.5 × 2^30
+    assert "--kv-cache-memory-bytes" not in server.launch_spec(typed("experiment=macro").server, Path("/m")).argv
