@@ -5,9 +5,10 @@ Per profiled concurrency c (one profile run each; the profile phase sweeps c on 
     micro ms      comm_allreduce / comm_allgather: nccl_burst's allreduce_ms_per_step /
                   allgather_ms_per_step (the step's ops of that kind as one queued burst,
                   through the run's communicator) at tokens = c; moe: MoE layers × vLLM's
-                  fused MoE call at c tokens (gemm's moe.tp<N>/vllm_fused_moe, never the
-                  plain-torch reference); gemm: Σ of the step's other GEMMs at M = c ×
-                  their count per step (torch F.linear: vLLM's CPU build packs its own)
+                  fused MoE call at c tokens (gemm's moe.tp<N>/vllm_fused_moe, or
+                  vllm_marlin_moe for an INT4 checkpoint; never the plain-torch
+                  reference); gemm: Σ of the step's other GEMMs at M = c × their count
+                  per step (torch F.linear: vLLM's CPU build packs its own)
                   Between measured tokens / batches: log-log interpolation; never outside.
     profile ms    share_<category> / 100 × decode_step_ms (exposed time, mean over ranks);
                   communication also as the calls' transport and wait per step
@@ -95,10 +96,11 @@ class Micro:
         model = model_of(g)
         tp = g.param("experiment.tp", int, 1)
         if category == "moe":
-            hist = g.history(f"moe.tp{tp}/vllm_fused_moe/latency_us")
+            kernel = moe_kernel(g)
+            hist = g.history(f"moe.tp{tp}/{kernel}/latency_us")
             us = interp_loglog(hist, c)
             if us is None:
-                self.why["moe"] = (f"gemm run {g.short} has no vllm_fused_moe time at {c} tokens "
+                self.why["moe"] = (f"gemm run {g.short} has no {kernel} time at {c} tokens "
                                    f"(timed: {sorted(hist) or 'none'})")
                 return None
             return us * (model.num_hidden_layers - model.first_k_dense_replace) / 1e3
@@ -116,6 +118,13 @@ class Micro:
                 total += us * s.count_per_layer * s.layers
             return total / 1e3
         return None
+
+
+def moe_kernel(gemm: RunView) -> str:
+    """The MoE candidate the server runs: vLLM's Marlin W4A16 MoE for an INT4 checkpoint
+    (compressed-tensors W4A16 experts), its bf16 fused MoE otherwise."""
+    w4a16 = gemm.params.get("model.quant.method") == "w4a16"
+    return "vllm_marlin_moe" if w4a16 else "vllm_fused_moe"
 
 
 def engine_tpot(macro: Optional[RunView]) -> tuple[dict[int, float], str]:

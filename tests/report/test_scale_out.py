@@ -1,0 +1,84 @@
+"""TP N predicted from a campaign of one TP-N rank, on hand-built runs: every expected figure
+is worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from k25exp.config.schema import ExternalBurst
+from k25exp.report import metrics as M
+from k25exp.report.scale_out import scale_out
+from k25exp.report.sources import Campaign
+from tests.report.test_reconcile import run
+
+KIMI_RANK = {"model.name": "kimi_k25_int4", "model.num_hidden_layers": "61", "model.tp_rank_of": "8",
+             "server.tp": "1", "hardware.name": "h200_x1"}
+
+
+def rank_campaign(levels=None):
+    tpot = levels or {1: 6.83, 4: 7.0, 8: 7.41}
+    return Campaign("rank", "uri", [run("macro", 1, KIMI_RANK, steps={"server_tpot_ms_mean": tpot})])
+
+
+def test_the_seeds_external_burst_per_op_times_the_steps_ops():
+    sec, per = scale_out(rank_campaign(), dataclasses.asdict(ExternalBurst()))
+    # 6.81 ms / 122 ops = 55.82 µs per op; at TP 8 a step has 2 × 61 + 2 = 124 collectives:
+    # 6.9218 ms at every batch; + the rank's TPOT
+    comm = 6.81 / 122 * 124
+    assert per[1][M.SCALEOUT_TPOT_PRED] == pytest.approx(6.83 + comm)
+    assert per[8][M.SCALEOUT_TPOT_PRED] == pytest.approx(7.41 + comm)
+    assert per[8][M.SCALEOUT_TOK_S_PRED] == pytest.approx(8 / (7.41 + comm) * 1e3)
+    fig = sec.get(M.SCALEOUT_TPOT_C1)
+    assert fig.value == pytest.approx(6.83 + comm)
+    # quoted as someone else's, never as k25exp's, and every assumption listed
+    assert fig.note.startswith("external, not measured by k25exp: the seed campaign's burst")
+    assert "55.8 µs per op × 124 ops" in fig.note and "RTX PRO 6000" in fig.note
+    assert sum(n.startswith("assumed:") for n in sec.notes) == 5
+    assert any("12-13 ms at batch 1" in n for n in sec.notes)
+    assert sec.title == "TP 8 predicted from one TP-8 rank on one device"
+
+
+def test_a_burst_measured_on_the_n_gpu_box_is_used_when_given():
+    bursts = Campaign("h200x8", "uri", [
+        run("nccl_burst", t, {"experiment.tokens": str(tok), "experiment.ops_per_step": "null",
+                              "hardware.name": "h200_x8_nvlink", "hardware.tp": "8"},
+            {"burst_ms": ms}) for t, (tok, ms) in enumerate([(1, 1.0), (8, 2.0)])])
+    sec, per = scale_out(rank_campaign(), dataclasses.asdict(ExternalBurst()), lambda: bursts)
+    # tokens 1 → 1.0 ms, 8 → 2.0 ms; 4 tokens log-log between: 2^(log 4 / log 8) = 2^(2/3)
+    assert per[1][M.SCALEOUT_TPOT_PRED] == pytest.approx(6.83 + 1.0)
+    assert per[4][M.SCALEOUT_TPOT_PRED] == pytest.approx(7.0 + 2 ** (2 / 3))
+    assert per[8][M.SCALEOUT_TPOT_PRED] == pytest.approx(7.41 + 2.0)
+    assert sec.get(M.SCALEOUT_TPOT_C1).note.startswith("measured: the step's 124 collectives")
+    assert "h200_x8_nvlink" in sec.tags["report.scaleout_collectives"]
+
+
+def test_outside_the_measured_tokens_there_is_no_prediction():
+    bursts = Campaign("h200x8", "uri", [
+        run("nccl_burst", 0, {"experiment.tokens": "8", "experiment.ops_per_step": "null"},
+            {"burst_ms": 2.0})])
+    sec, per = scale_out(rank_campaign(), dataclasses.asdict(ExternalBurst()), lambda: bursts)
+    assert sorted(per) == [8]  # c = 1 and 4 lie below the one measured token count
+    fig = sec.get(M.SCALEOUT_TPOT_C1)
+    assert fig.value is None and fig.missing == "no collectives figure at 1 token"
+
+
+def test_a_whole_model_campaign_has_no_such_section():
+    whole = Campaign("w", "uri", [run("macro", 1, {**KIMI_RANK, "model.tp_rank_of": "None"},
+                                      steps={"server_tpot_ms_mean": {1: 12.0}})])
+    assert scale_out(whole, dataclasses.asdict(ExternalBurst())) == (None, {})
+
+
+def test_an_int4_checkpoints_moe_is_timed_by_marlin():
+    """The reconciliation's MoE micro figure for a W4A16 model is vLLM's Marlin MoE (what the
+    server runs for compressed-tensors INT4 experts), not the bf16 fused MoE."""
+    from k25exp.report.reconcile import Micro
+
+    params = {**KIMI_RANK, "experiment.tp": "1", "model.quant.method": "w4a16",
+              "model.first_k_dense_replace": "1"}
+    steps = {"moe.tp1/vllm_fused_moe/latency_us": {1: 168.0}, "moe.tp1/vllm_marlin_moe/latency_us": {1: 24.0}}
+    g = run("gemm", 2, params, steps=steps)
+    assert Micro(Campaign("k", "uri", [g])).at("moe", 1) == pytest.approx(24.0 * 60 / 1e3)  # 60 MoE layers
+    g_bf16 = run("gemm", 3, {**params, "model.quant.method": "none"}, steps=steps)
+    assert Micro(Campaign("k", "uri", [g_bf16])).at("moe", 1) == pytest.approx(168.0 * 60 / 1e3)
