@@ -153,8 +153,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     prompt, tok_path = _prompts(cfg, conn)
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
-    rec.set_tags({"macro.tokenizer": str(tok_path), "macro.client": _client_tag(exp),
-                  "macro.tpot_definition":
+    rec.set_tags({"macro.tokenizer": str(tok_path), "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks",
                   "macro.load": _load_tag(exp)})
     out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +168,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                          continuous_usage=exp.continuous_usage, temperature=exp.temperature,
                          seed=exp.seed)
         async with CompletionClient(**client_kw) as client:
+            rec.set_tags({"macro.client": _client_tag(exp, client)})
             with Progress(exp.progress) as progress, closing(Phases(
                     exp, conn, client, prompt, jsonl, progress, time.perf_counter(),
                     client_kw)) as ph:
@@ -282,16 +282,16 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     return figs
 
 
-def _client_tag(exp: MacroConfig) -> str:
+def _client_tag(exp: MacroConfig, client: CompletionClient) -> str:
     procs = (f"{exp.client_processes} client process(es) per level (fewer where a level has "
              "fewer streams)" if exp.client_processes else
              "client processes per level: auto (enough that each streams at most "
              f"{CHUNKS_PER_PROCESS} chunks/s of the level's most: per level, client_processes)")
     cap = (f"; open loop over several processes: the cap split into equal shares, one per "
            "process" if exp.load == "open" else "")
-    return (f"httpx {httpx.__version__} (one keep-alive connection per request in flight), "
-            f"{loops.version(exp.client_event_loop)} event loop; {procs}{cap} "
-            "(the load it sends: macro.load)")
+    return (f"httpx {httpx.__version__} (one keep-alive connection per request in flight; "
+            f"sockets: {client.socket_layer}), {loops.version(exp.client_event_loop)} event "
+            f"loop; {procs}{cap} (the load it sends: macro.load)")
 
 
 def _load_tag(exp: MacroConfig) -> str:
