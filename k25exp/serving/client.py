@@ -1,10 +1,12 @@
-"""The load generator: streaming OpenAI completions over one httpx.AsyncClient.
+"""The load generator: streaming OpenAI completions over httpx.
 
-One event loop, one connection pool (connections are reused across requests), one request
-per worker at a time (closed loop): a level of concurrency C runs C workers, each sending its
-next request as soon as its previous one finished. That moment is the request's *scheduled*
-send time; the moment the client actually sends it is its *sent* time, and the difference is
-the client's send lag. The other sign of a saturated client is its event loop waking late
+One event loop, one keep-alive connection per request in flight (a *lane*, reused by the next
+request; plain HTTP read through k25exp.serving.sockets), one request per worker at a time
+(closed loop): a level of concurrency C runs C workers, each sending its next request as soon
+as its previous one finished. That moment is the request's *scheduled* send time; the moment
+the client actually sends it is its *sent* time, and the difference is the client's send lag.
+Several processes can run one level together (k25exp.serving.shards): run_level and
+run_open_level then take their share of it and the shared start. The other sign of a saturated client is its event loop waking late
 (LoopLag): chunk arrival times are then stamped late, inflating TTFT, ITL and TPOT.
 
 Every request becomes one record (a dict, one JSONL line): phase, level, index, scheduled and
