@@ -544,7 +544,7 @@ class MacroConfig(Registered):
     stall_min_gap_ms: float = 5.0
     progress: bool = True
     # Client processes sending a level's load as one (k25exp.serving.shards): 0 = auto, enough
-    # that each streams at most 4,000 chunks/s of the most the level can stream (C / the single
+    # that each streams at most 8,000 chunks/s of the most the level can stream (C / the single
     # stream's TPOT; open loop: rate x output_tokens; without a single stream: C / 64),
     # at most half the CPUs; N = N (fewer where a level has fewer streams or requests).
     client_processes: int = 0

@@ -376,12 +376,13 @@ def available_cpus() -> int:
 
 
 # What auto gives one process, in streamed chunks a second. Measured on this project's 2-core
-# development VM (k25exp.benchmarks.client_capacity, step-mode stub, 64-token requests): one
-# process (uvloop) costs 55-75 µs of CPU per chunk and stayed unflagged up to ~11,000 chunks/s
-# at C = 128; 4,000 keeps a process near a third of a core, leaving room for what a rate
-# does not show: C requests ending on one decode step and sent again at once, and a host
-# whose cores the server's own processes keep busy.
-CHUNKS_PER_PROCESS = 4000
+# development VM (k25exp.benchmarks.client_capacity: the stub's step engine, 64-token requests,
+# uvloop, lanes on k25exp.serving.sockets; 2 runs): one process stayed unflagged up to
+# 21,700-22,700 chunks/s at C = 128 (CPU 0.74-0.83 of a core) and was flagged at C = 256 from
+# 20,400 (CPU 0.93-0.97: 256 requests ending on one step are sent again at once); at 11,500-
+# 11,900 it used half a core. 8,000 keeps a process near a third of a core, with room for those
+# bursts and for a host whose cores the server's own processes keep busy.
+CHUNKS_PER_PROCESS = 8000
 STREAMS_PER_PROCESS = 64  # when the load cannot be bounded (no single-stream TPOT)
 
 

@@ -90,7 +90,9 @@ class StubServer:
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> "StubServer":
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        # uvicorn's (vLLM's) listen backlog: asyncio's default 100 dropped SYNs when 128 clients
+        # connected at once, and those requests waited out TCP's 1 s retransmit in their TTFT
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=2048)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.step_s:
             self._wake = asyncio.Event()

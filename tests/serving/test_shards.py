@@ -39,14 +39,15 @@ def texts(n):
 def test_split_and_auto_processes_by_hand():
     assert split(10, 4) == [3, 3, 2, 2] and split(4, 4) == [1] * 4 and sum(split(257, 3)) == 257
     # the Kimi rank on one H200: TPOT 6.82 ms at batch 1, so c = 128 streams at most
-    # 128 / 0.00682 = 18,768 chunks/s: 5 processes of at most 4,000 each, on 16 CPUs
-    assert auto_processes(128, 0.00682, cpus=16) == 5
-    assert auto_processes(256, 0.00682, cpus=16) == 8  # 10 wanted, half of 16 CPUs at most
+    # 128 / 0.00682 = 18,768 chunks/s: 3 processes of at most 8,000 each, on 16 CPUs
+    assert auto_processes(128, 0.00682, cpus=16) == 3
+    assert auto_processes(256, 0.00682, cpus=16) == 5  # 37,537 chunks/s
+    assert auto_processes(256, 0.001, cpus=16) == 8  # 32 wanted, half of 16 CPUs at most
     assert auto_processes(128, 0.00682, cpus=2) == 1  # a 2-core box: never more than one
     assert auto_processes(32, 0.040, cpus=16) == 1  # 800 chunks/s
     assert auto_processes(256, None, cpus=16) == 4  # no single stream: 64 streams each
-    assert auto_processes(256, 0.001, rate=100.0, output_tokens=64, cpus=16) == 2  # 6,400/s
-    assert auto_processes(3, 0.0001, cpus=16) == 3  # never more than the streams
+    assert auto_processes(256, 0.001, rate=200.0, output_tokens=64, cpus=16) == 2  # 12,800/s
+    assert auto_processes(3, 0.00001, cpus=16) == 3  # never more than the streams
 
 
 def test_the_open_loop_schedule_is_one_schedule_across_processes(stub, pool):
