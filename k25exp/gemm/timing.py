@@ -27,7 +27,8 @@ MethodValue = str | int | float | bool
 @dataclass
 class Timing:
     samples_us: list[float]
-    method: dict[str, MethodValue] = field(default_factory=dict)
+    method: dict[str, MethodValue] = field(default_factory=dict)  # how: the same for every figure timed alike
+    warmup_calls: int = 0  # what the warm-up took (warmup_ms makes it vary by figure)
 
     @property
     def median_us(self) -> float:
@@ -129,10 +130,10 @@ def time_cuda(
     samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]  # ms -> us
     return Timing(samples, {
         "timer": "cuda_event", "device": torch.cuda.get_device_name(device),
-        "warmup": done, "warmup_ms": warmup_ms, "calls": calls,
+        "warmup": warmup, "warmup_ms": warmup_ms, "calls": calls,
         "mode": "graph" if graph else "eager",
         "flush_l2": flush_l2, "flush_bytes": L2_FLUSH_BYTES if flush_l2 else 0,
-    })
+    }, warmup_calls=done)
 
 
 def time_fn(fn: Callable[[Tensor], Tensor], x: Tensor, device: torch.device | str | None = None,

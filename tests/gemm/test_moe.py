@@ -133,6 +133,25 @@ def test_graph_timing_names_the_moe_reference_it_could_not_graph(tmp_path):
     assert not any(k.startswith("timing.expert_down") for k in rec.tags)
 
 
+def test_the_int4_experts_marlin_gets_are_within_half_a_step_and_packed_gptq_style():
+    """What vllm_marlin_moe hands vLLM's repack: symmetric int4, group 32, every weight within
+    half a step of its own (the step: absmax / 7 rounded to bf16, up to 2^-8 more; plus the
+    dequantized value's own bf16 rounding, 2^-8 of it), and codes + 8 packed 8 per int32
+    along K, lowest nibble first, as [E, K/8, N]."""
+    w13, _ = moe.make_weights(E, H, 128, torch.bfloat16, "cpu", seed=0)
+    q, scales, d13 = moe._quantize_experts(w13, 32)
+    g = w13.float().reshape(E, 256, H // 32, 32)
+    step = g.abs().amax(-1, keepdim=True) / 7 * (1 + 2 ** -8)
+    d = d13.float().reshape(g.shape)
+    assert ((d - g).abs() <= step / 2 + d.abs() * 2 ** -8 + 1e-7).all()
+    assert int(q.min()) >= -7 and int(q.max()) <= 7 and scales.shape == (E, 256, H // 32)
+    packed = moe._gptq_pack_experts(q[:2])
+    assert packed.shape == (2, H // 8, 256) and packed.dtype == torch.int32
+    e, k8, n = 1, 3, 5  # one word by hand: expert 1, K rows 24..31, column 5
+    want = sum((int(q[e, n, 8 * k8 + i]) + 8) << (4 * i) for i in range(8))
+    assert int(packed[e, k8, n]) & 0xFFFFFFFF == want
+
+
 def test_marlin_moe_is_cuda_only_and_says_so():
     w13, w2 = moe.make_weights(E, H, 128, torch.bfloat16, "cpu", seed=0)
     with pytest.raises(moe.Unavailable, match="Marlin MoE needs CUDA; the weights are on cpu"):
@@ -152,10 +171,6 @@ def test_marlin_moe_matches_a_token_by_token_loop_on_its_int4_weights(c):
     except moe.Unavailable as e:
         pytest.xfail(str(e))
     d13, d2 = (t.cpu() for t in p.reference)
-    # symmetric int4, group 32: every weight within half a step (absmax / 7 / 2) of its own
-    g = w13.float().reshape(E, 256, H // 32, 32)
-    step = g.abs().amax(-1, keepdim=True) / 7
-    assert ((d13.float().reshape(g.shape) - g).abs() <= step / 2 * 1.01 + 1e-6).all()
     tw, ti = moe.route(c, E, K, seed=c)
     x = torch.randn(c, H, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     want = by_hand(x, d13, d2, tw, ti)

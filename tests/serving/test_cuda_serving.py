@@ -36,7 +36,7 @@ def test_a_macro_level_served_with_cuda_graphs(tmp_path):
     out = tmp_path / "run"
     cfg = to_typed(compose_cfg(
         "experiment=macro", "hardware=h200_x1", "hardware.device_name=", "model=tiny_kimi",
-        "server.enforce_eager=false", "server.port=0", "server.gpu_memory_utilization=0.3",
+        "server.enforce_eager=false", "server.port=0", "server.kv_cache_memory_gib=4",
         f"server.model_cache={tmp_path / 'models'}", f"server.log_dir={tmp_path / 'logs'}",
         "experiment.input_tokens=32", "experiment.output_tokens=32",
         "experiment.concurrency=[1,4]", "experiment.single_stream_requests=4",

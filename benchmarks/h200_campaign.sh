@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The campaign on one lent H200 with vLLM's CUDA build, stage by stage, as each device call
+# runs one (a call may last 10 minutes; run them back to back so /tmp survives between them).
+# Run from the project root on the GPU machine after ../shared/gpu's unpack.sh and env.sh:
+#
+#   benchmarks/h200_campaign.sh kimi-macro     # one TP-8 rank of Kimi-K2.5 INT4, dummy weights
+#   benchmarks/h200_campaign.sh kimi-rest      # its profile (c = 1, 32) and the GEMM phase
+#   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
+#   benchmarks/h200_campaign.sh cuda-tests     # pytest -m cuda
+#
+# Every stage ends by packing the offline runs made so far (traces left out: a Kimi rank's
+# trace is ~50 MB, over what a call brings back) into $OUT/runs-<stage>.tar.gz; here:
+#   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-rest|tiny|cuda-tests}
+out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
+export PYTHON=${PYTHON:-python3}
+common=(hardware=h200_x1 tracking=offline "paths.outputs=$out" "server.model_cache=$out/models"
+        server.enforce_eager=false server.port=0 server.kv_cache_memory_gib=16)
+kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy)
+
+case $stage in
+  kimi-macro)
+    # closed loop c = 1 … 256 and one open-loop rate sweep, one server start (one process)
+    K25EXP_CAMPAIGN=h200-kimi-rank PHASES=macro ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      'macro:experiment.concurrency=[1,8,32,128,256]' macro:experiment.load=closed,open \
+      'macro:experiment.request_rate=[8,32,64]' || true ;;
+  kimi-rest)
+    K25EXP_CAMPAIGN=h200-kimi-rank PHASES="profile gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      profile:experiment.concurrency=1,32 gemm:experiment.calls=100 \
+      'gemm:experiment.kernels=[torch_bf16,torch_int4,marlin]' \
+      'gemm:experiment.moe_kernels=[vllm_fused_moe,vllm_marlin_moe]' \
+      'gemm:experiment.moe_batches=[1,8,32,128]' gemm:experiment.graph=false,true || true ;;
+  tiny)
+    K25EXP_CAMPAIGN=h200-tiny PHASES="macro profile spec_decode" ./multirun.sh "${common[@]}" \
+      'macro:experiment.concurrency=[1,8,32,128]' spec_decode:spec=ngram || true ;;
+  cuda-tests)
+    $PYTHON -m pytest -o addopts="" -ra -p no:cacheprovider -m cuda \
+      tests/gemm tests/collectives tests/serving/test_cuda_serving.py 2>&1 | tail -40 || true ;;
+  *) echo "h200_campaign.sh: unknown stage $stage" >&2; exit 2 ;;
+esac
+if [[ -n "${OUT:-}" && -d $out ]]; then
+  (cd "$out" && find . -path ./models -prune -o -name '*.pt.trace.json*' -prune -o -type f -print \
+     | tar -czf "$OUT/runs-$stage.tar.gz" -T -)
+  ls -la "$OUT"
+fi
