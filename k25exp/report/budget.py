@@ -6,7 +6,11 @@
                    communicator (vLLM's own by default), as one burst (burst_ms; its CUDA-
                    graph replay, graph_burst_ms, when the server ran graphs: measured.burst_key)
     gemm_ms        Σ over the model's GEMMs of latency(M=1) × count_per_layer × layers, from
-                   the GEMM runs (k25exp.gemm.shapes; routed experts count top_k times)
+                   the GEMM runs (k25exp.gemm.shapes), the routed experts as vLLM runs them:
+                   one fused MoE call per MoE layer at 1 token (moe.tp<N>/<the server's MoE
+                   kernel>, reconcile.moe_kernel). Only a GEMM run without that call counts
+                   each routed expert's two GEMMs top_k times, and the row says so (a GPU
+                   pays a launch per call: 960 Marlin calls for Kimi's rank read 217 % of TPOT)
     rest_ms        tpot − comm − gemm (attention, norms, routing, sampling, host overhead)
     comm share     in percent, over one denominator, the batch-1 TPOT: 100 × comm_ms /
                    tpot_ms (burst) beside the batch-1 profile's communication transport and
@@ -30,6 +34,7 @@ from k25exp.gemm.shapes import model_gemm_shapes
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, share, unique_runs
 from k25exp.report.measured import auto_kernel, burst_key, model_of
+from k25exp.report.reconcile import EXPERT_SHAPES, moe_kernel
 from k25exp.report.sources import Campaign, RunView
 
 PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories
@@ -51,6 +56,15 @@ def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None
     except (AttributeError, ValueError) as e:
         return None, table, [f"the GEMM run's model params are incomplete: {e}"], []
     total, absent, used = 0.0, [], []
+    fused = _fused_moe_at_1(gemm_runs, tp)
+    if fused is not None:
+        r, k, us = fused
+        layers = next(s.layers for s in shapes if s.name in EXPERT_SHAPES)
+        shapes = [s for s in shapes if s.name not in EXPERT_SHAPES]
+        total += us * layers
+        used.append(r)
+        table.rows.append([f"routed experts (one fused MoE call, top-{model.num_experts_per_tok})",
+                           "-", layers, k, us, us * layers, r])
     for s in shapes:
         label = f"{s.name}.tp{tp}"
         found = None
@@ -70,6 +84,17 @@ def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None
         used.append(r)
         table.rows.append([s.name, f"{s.n} × {s.k}", per, k, us, us * per, r])
     return (total / 1e3 if not absent else None), table, absent, used
+
+
+def _fused_moe_at_1(gemm_runs: Sequence[RunView], tp: int) -> Optional[tuple[RunView, str, float]]:
+    """(run, kernel, µs) of the newest GEMM run's fused MoE call at 1 token: the kernel the
+    server runs for the model (vLLM's Marlin MoE for INT4 experts, its fused MoE else)."""
+    for r in gemm_runs:
+        k = moe_kernel(r)
+        hist = r.history(f"moe.tp{tp}/{k}/latency_us")
+        if 1 in hist:
+            return r, k, hist[1]
+    return None
 
 
 def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:

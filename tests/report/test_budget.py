@@ -189,9 +189,13 @@ def test_every_share_is_a_percentage_of_its_denominator():
     assert v["comm_share_profile_wait"] == pytest.approx(17.0)
     assert v["comm_share_profile"] == pytest.approx(22.0)
     assert v["comm_share_diff_pp"] == pytest.approx(10.0 - 5.0)
-    # GEMMs at M = 1: 21 dense GEMMs × 10 µs + the routed experts (2 shapes × top-4 × 2 MoE
-    # layers) × 5 µs = 0.29 ms of the 10 ms TPOT
-    assert v["gemm_ms"] == pytest.approx(0.29) and v["gemm_share"] == pytest.approx(2.9)
+    # GEMMs at M = 1: 21 dense GEMMs × 10 µs + the routed experts as the server runs them,
+    # one fused MoE call per MoE layer at 1 token: 2 layers × 50 µs (not 2 shapes × top-4 ×
+    # 2 layers × 5 µs of separate expert GEMMs) = 0.31 ms of the 10 ms TPOT
+    assert v["gemm_ms"] == pytest.approx(0.31) and v["gemm_share"] == pytest.approx(3.1)
+    rows = {row[0]: row for row in sec.tables[0].rows}
+    assert rows["routed experts (one fused MoE call, top-4)"][2:6] == [2, "vllm_fused_moe", 50.0, 100.0]
+    assert "expert_gate_up" not in rows and "expert_down" not in rows
 
 
 def test_a_negative_residual_is_drawn_and_labelled_negative():

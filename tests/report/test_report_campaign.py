@@ -67,12 +67,14 @@ def test_report_figures_match_the_runs_they_name(full):
     assert m["tpot_ms"] == pytest.approx(macro.data.metrics["single_stream_tpot_ms"])
     assert m["comm_ms"] == pytest.approx(burst.data.metrics["burst_ms"])
     # GEMM per step from the GEMM run's M=1 points × tiny_kimi's GEMMs per step at TP 2
-    # (cpu_local), written out: 3 layers, the first dense; 2 MoE layers × top_k 4 routed
-    # experts + 1 shared expert + the router; MLA with a q LoRA in all 3 layers; lm_head once
-    per_step = {"expert_gate_up": 2 * 4, "expert_down": 2 * 4, "router": 2, "shared_gate_up": 2,
+    # (cpu_local), written out: 3 layers, the first dense; in each of the 2 MoE layers the
+    # routed experts as one fused MoE call (vLLM's cpu_fused_moe at 1 token), 1 shared expert
+    # and the router; MLA with a q LoRA in all 3 layers; lm_head once
+    per_step = {"router": 2, "shared_gate_up": 2,
                 "shared_down": 2, "dense_gate_up": 1, "dense_down": 1, "fused_qkv_a_proj": 3,
                 "q_b_proj": 3, "kv_b_proj": 3, "o_proj": 3, "lm_head": 1}
-    want = 0.0
+    fused = client.get_metric_history(gemm.info.run_id, "moe.tp2/vllm_fused_moe/latency_us")
+    want = {h.step: h.value for h in fused}[1] * 2
     for name, count in per_step.items():
         # vLLM's own linear dispatch where it was timed (the CPU build's path), else F.linear
         hist = client.get_metric_history(gemm.info.run_id, f"{name}.tp2/vllm_linear/latency_us") \
