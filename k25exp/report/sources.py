@@ -70,9 +70,14 @@ class Campaign:
 
     def closed_loop_macro(self, where: Callable[[RunView], bool] = lambda r: True) -> Optional[RunView]:
         """The newest macro run whose levels are concurrencies (its steps), and `where`: the
-        report reads TPOT per concurrency from it. An open-loop run's steps are rates × 1000."""
-        return self.latest("macro", lambda r: r.params.get("experiment.load", "closed") == "closed"
-                           and where(r))
+        report reads TPOT per concurrency from it. An open-loop run's steps are rates × 1000.
+        Without a finished one, the newest FAILED one that measured levels before it failed
+        (each level stands on its own; the run's status says so, and the report's notes)."""
+        def closed(r: RunView) -> bool:
+            return r.params.get("experiment.load", "closed") == "closed" and where(r)
+        return self.latest("macro", closed) or next(
+            (r for r in self.of("macro", "FAILED") if closed(r) and r.history("server_tpot_ms_mean")),
+            None)
 
     def why_no_closed_loop_macro(self) -> str:
         if self.latest("macro"):

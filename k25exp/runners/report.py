@@ -66,6 +66,12 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         sections.insert(3, scaled)
     if refused:  # refused by name, never summed
         sections[0].notes[:0] = [str(r) for r in refused]
+    macro = c.closed_loop_macro()
+    if macro is not None and macro.status != "FINISHED":  # its levels stand on their own
+        levels = sorted(macro.history("server_tpot_ms_mean"))
+        sections[0].notes.insert(0, f"the closed-loop macro run {macro.short} {macro.status}: "
+                                 f"its levels measured before that ({levels}) are used, the "
+                                 "rest are missing")
     if provenance.random_weights(c):
         sections[0].notes.insert(0, "the served checkpoint has random weights (k25exp's generated "
                                  "tiny model): its figures time the architecture, not a trained "

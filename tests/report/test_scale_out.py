@@ -82,3 +82,19 @@ def test_an_int4_checkpoints_moe_is_timed_by_marlin():
     assert Micro(Campaign("k", "uri", [g])).at("moe", 1) == pytest.approx(24.0 * 60 / 1e3)  # 60 MoE layers
     g_bf16 = run("gemm", 3, {**params, "model.quant.method": "none"}, steps=steps)
     assert Micro(Campaign("k", "uri", [g_bf16])).at("moe", 1) == pytest.approx(168.0 * 60 / 1e3)
+
+
+def test_a_failed_sweeps_measured_levels_are_used_and_said_to_be():
+    """A closed-loop sweep that failed at c = 128 (its client, say) keeps c = 1, 8, 32: the
+    report reads them, the run's status travels with it; a finished run wins when there is one."""
+    failed = run("macro", 1, KIMI_RANK, steps={"server_tpot_ms_mean": {1: 6.8, 8: 7.4, 32: 9.4}})
+    failed.status = "FAILED"
+    c = Campaign("rank", "uri", [failed])
+    assert c.closed_loop_macro() is failed
+    sec, per = scale_out(c, dataclasses.asdict(ExternalBurst()))
+    assert sorted(per) == [1, 8, 32]
+    done = run("macro", 2, KIMI_RANK, steps={"server_tpot_ms_mean": {1: 6.9}})
+    assert Campaign("rank", "uri", [failed, done]).closed_loop_macro() is done
+    nothing = run("macro", 3, KIMI_RANK, steps={})
+    nothing.status = "FAILED"
+    assert Campaign("rank", "uri", [nothing]).closed_loop_macro() is None
