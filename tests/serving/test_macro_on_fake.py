@@ -168,3 +168,20 @@ def test_levels_sent_by_several_client_processes_merge_into_one_record_and_figur
         assert rec.latest("client_lag_ms_max")[c] == pytest.approx(max(lags))
         lo, hi = rec.latest("output_tok_s_ci_lo")[c], rec.latest("output_tok_s_ci_hi")[c]
         assert lo < tokens / wall < hi  # when tokens arrived varies over a level: a width
+
+
+def test_a_duration_limited_level_over_client_processes_builds_its_prompts_there(model, tmp_path):
+    """With experiment.duration_s no one knows how many prompts a level needs: each client
+    process gets the prompt builder (the tokenizer with it) and builds prompt i itself, from
+    the one shared counter: every index once, from both processes, for 1 s."""
+    out = tmp_path / "out"
+    _, rec, _ = run_macro(out, *fake_overrides(model, tmp_path, "FAKE_VLLM_STEP_MS=10"),
+                          "experiment.client_processes=2", "experiment.concurrency=[4]",
+                          "experiment.duration_s=1.0", "experiment.output_tokens=6")
+    recs = [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
+    sweep = [r for r in recs if r["phase"] == "sweep"]
+    # 4 streams of ~6 steps of 10 ms for 1 s: dozens of requests, none lost, none twice
+    assert len(sweep) > 20 and sorted(r["i"] for r in sweep) == list(range(len(sweep)))
+    assert {r["shard"] for r in sweep} == {0, 1} and all(r["ok"] for r in sweep)
+    assert max(r["sent_s"] for r in sweep) - min(r["scheduled_s"] for r in sweep) < 1.0
+    assert rec.latest("client_processes") == {4: 2.0} and rec.latest("completed") == {4: len(sweep)}
