@@ -147,6 +147,14 @@ class _Shard:
         return self.proc is not None and self.proc.is_alive()
 
 
+def _send(conn, msg) -> None:
+    """conn.send, blocking: the event loop's add_reader leaves the pipe non-blocking (asyncio's
+    and uvloop's alike), and a phase's prompts outgrow the socket buffer; a non-blocking write
+    then fails half-way with BlockingIOError (seen on an H200: c = 128 after 1, 8, 32)."""
+    os.set_blocking(conn.fileno(), True)
+    conn.send(msg)
+
+
 class ShardPool:
     """Worker processes, started when a phase first needs them (a spawn takes a second or two
     of imports) and kept for the job's phases; `run_closed` / `run_open` run one phase over the
@@ -181,7 +189,7 @@ class ShardPool:
         for s in self.shards:
             if s.alive():
                 try:
-                    s.conn.send(("close",))
+                    _send(s.conn, ("close",))
                 except OSError:
                     pass
         for s in self.shards:
@@ -256,7 +264,7 @@ class ShardPool:
         loop = asyncio.get_running_loop()
         for s, spec in zip(shards, specs):
             s.state, s.result, s.error, s.records = "sent", None, None, []
-            s.conn.send(("phase", spec))
+            _send(s.conn, ("phase", spec))
         deadline = time.monotonic() + READY_TIMEOUT_S
         for s in shards:  # each answers once it has its share and its lanes
             while s.state == "sent":
@@ -279,7 +287,7 @@ class ShardPool:
         start_at = time.perf_counter() + START_MARGIN_S
         for s in shards:
             if s.state == "ready":
-                s.conn.send(("go", start_at))
+                _send(s.conn, ("go", start_at))
                 s.state = "running"
         done = asyncio.Event()
 

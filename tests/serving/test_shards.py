@@ -209,3 +209,30 @@ def test_an_open_loop_process_that_dies_leaves_its_share_of_the_schedule_as_fail
     failed = [r["i"] for r in recs if not r["ok"]]
     assert failed and all(i % 2 == 1 for i in failed) and max(failed) == 23
     assert len(res["client_failures"]) == 1
+
+
+def test_a_phase_is_sent_whole_on_a_pipe_the_event_loop_left_non_blocking():
+    """The event loop's add_reader leaves each process's pipe non-blocking (asyncio's and
+    uvloop's alike); a phase's prompts (~1 MB here) outgrow the socket buffer, so a plain send
+    fails half-way with BlockingIOError whenever the reader is not reading at that moment (an
+    H200 run died so at c = 128, after 1, 8 and 32). Here the reader starts 0.3 s late."""
+    import multiprocessing as mp
+    import threading
+
+    from k25exp.serving import shards
+
+    big = ("phase", {"prompts": [f"word{i} " * 400 for i in range(500)]})  # distinct: ~3 MB pickled
+    for send, ok in ((lambda c, m: c.send(m), False), (shards._send, True)):
+        a, b = mp.Pipe()
+        os.set_blocking(a.fileno(), False)
+        got = []
+        reader = threading.Thread(target=lambda: (time.sleep(0.3), got.append(b.recv())))
+        reader.start()
+        try:
+            send(a, big)
+            sent = True
+        except BlockingIOError:
+            sent = False
+            a.close()  # the reader then sees the pipe end
+        reader.join(5)
+        assert sent is ok and (got == [big]) is ok
