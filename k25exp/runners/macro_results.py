@@ -20,7 +20,7 @@ COLUMNS = [
     tables.Column("tpot_p50", "{:.2f}", 10), tables.Column("tpot_p99", "{:.2f}", 10),
     tables.Column("srv_tpot", "{:.2f}", 10), tables.Column("itl_p50", "{:.2f}", 9),
     tables.Column("itl_p99", "{:.2f}", 9), tables.Column("e2e_p50", "{:.0f}", 9),
-    tables.Column("lag_p99", "{:.2f}", 9), tables.Column("loop", "{:.2f}", 7),
+    tables.Column("lag_p99", "{:.2f}", 10), tables.Column("loop", "{:.2f}", 7),
     tables.Column("cpu", "{:.2f}", 6), tables.Column("stalls", "{:.0f}", 7),
     tables.Column("stall_max", "{:.0f}", 10), tables.Column("tpot_nostall", "{:.2f}", 13),
     tables.Column("valid", "{:.0f}", 6), tables.Column("why", "{}", 29),
@@ -32,8 +32,13 @@ ROW_KEYS = ["requests", "errors", "output_tok_s", "request_s", "ttft_ms_p50", "t
 
 
 def row(level: float, figs: dict) -> list:
-    """A level's row of the result table: a percentile too few samples allow reads 'n<N'."""
-    return [level] + [figs.get(k, suppressed(figs, k)) for k in ROW_KEYS] + [invalid_reason(figs) or None]
+    """A level's row of the result table: a percentile too few samples allow reads 'n<N';
+    the send lag's p99, where under 100 sends allow none, reads 'max X' (what was judged)."""
+    def cell(k: str):
+        if k == "client_lag_ms_p99" and k not in figs and "client_lag_ms_max" in figs:
+            return f"max {figs['client_lag_ms_max']:.2f}"
+        return figs.get(k, suppressed(figs, k))
+    return [level] + [cell(k) for k in ROW_KEYS] + [invalid_reason(figs) or None]
 
 
 def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dict,
@@ -67,7 +72,7 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
     cols = COLUMNS if exp.load == "closed" else [tables.Column("rate/s", "{:g}", 8)] + COLUMNS[1:]
     text = tables.write(out / "results", cols, rows,
                         f"macro: {exp.input_tokens} in / {exp.output_tokens} out tokens; ms "
-                        "except tok/s, req/s; srv_tpot = server's mean; lag = client send lag; "
+                        "except tok/s, req/s; srv_tpot = server's mean; lag = client send lag (p99, or its max under 100 sends); "
                         "loop = client loop lag (mean); cpu = client cores busy; stalls = delivery "
                         "stalls (tokens held back, released in a burst), stall_max their longest "
                         "silence; tpot_nostall = mean TPOT of the requests no stall touched; "

@@ -85,7 +85,13 @@ def test_figures_follow_vllm_definitions():
     assert f["itl_ms_p50"] == pytest.approx(25.0)  # gaps 10, 20, 30 and 100 ms
     assert f["output_tok_s"] == pytest.approx(7 / 0.5) and f["request_s"] == pytest.approx(4.0)
     assert f["output_tokens_mismatch"] == 1 and f["prompt_tokens_mismatch"] == 0
-    assert f["client_lag_ms_p99"] == pytest.approx(1.49) and f["valid"] == 0.0  # lagged > 1 ms
+    # 2 sends are no p99; the level is judged on their max, 1.5 ms > the 1 ms limit
+    assert "client_lag_ms_p99" not in f and f["client_lag_ms_max"] == 1.5 and f["client_lag_n"] == 2
+    assert f["client_lagged"] == 1.0 and f["valid"] == 0.0
+    many = [dict(a, lag_ms=0.01 * i) for i in range(100)]  # 0 … 0.99 ms: p99 0.9801 by hand
+    g = level_figures(many, wall_s=1.0, max_client_lag_ms=1.0, loop_lag_ms=[0.5] * 99)
+    assert g["client_lag_ms_p99"] == pytest.approx(0.9801) and g["client_lagged"] == 0.0
+    assert "client_loop_lag_ms_p99" not in g and g["client_loop_lag_n"] == 99
     one = finish({"status": 200, "done": True, "chunk_s": [0.1], "chunk_tokens": [1],
                   "usage": {"completion_tokens": 1}})
     assert one["ok"] and one["tpot_s"] is None
