@@ -164,11 +164,12 @@ def fetch_samples(uri: str, r: RunView):
     """(the run's samples by figure, a problem reading them or "")."""
     from mlflow.artifacts import download_artifacts
 
-    from k25exp.compare.samples import SOURCES
+    from k25exp.compare.samples import source
 
-    if r.phase not in SOURCES:
+    found = source(r.phase)  # the experiment's schema says where its samples are
+    if found is None:
         return {}, ""
-    paths, reader = SOURCES[r.phase]
+    paths, reader = found
     with tempfile.TemporaryDirectory(prefix="k25exp-compare-") as tmp:
         got = []
         for p in paths:

@@ -31,11 +31,6 @@ from k25exp.stats import median
 Figure = tuple[str, Optional[int]]  # (metric, step); step None = a run-level figure
 Samples = dict[Figure, list[float]]
 
-NO_SAMPLES = {
-    "profile": "no samples (shares of one capture)",
-    "trace_breakdown": "no samples (shares of given traces)",
-    "report": "no samples (derived from other runs)",
-}
 TAIL = re.compile(r"_p(9\d|99)(_|$)")
 
 
@@ -121,28 +116,55 @@ def gemm_samples(jsonl: Path) -> Samples:
     return {(r["figure"], r["step"]): r["samples_us"] for r in _records(jsonl)}
 
 
-# experiment -> (artifact paths to fetch, reader of the fetched folder)
-Reader = Callable[[Path], Samples]
-SOURCES: dict[str, tuple[tuple[str, ...], Reader]] = {
-    "macro": (("requests.jsonl",), lambda d: serving_samples(d / "requests.jsonl")),
-    "spec_decode": (("spec/requests.jsonl", "baseline/requests.jsonl"),
-                    lambda d: {**serving_samples(d / "spec" / "requests.jsonl"),
-                               **(serving_samples(d / "baseline" / "requests.jsonl", "baseline/")
-                                  if (d / "baseline" / "requests.jsonl").exists() else {})}),
-    "gemm": (("samples.jsonl",), lambda d: gemm_samples(d / "samples.jsonl")),
-    **{e: (("raw",), lambda d, e=e: collective_samples(d / "raw", e))
-       for e in ("nccl_burst", "allreduce_sweep", "all_to_all")},
-}
+# Readers of a fetched folder, named by the experiment schemas' `samples` hooks
+# (k25exp.config.experiments): reader(folder, experiment) -> Samples.
+
+def macro_folder(d: Path, experiment: str = "macro") -> Samples:
+    return serving_samples(d / "requests.jsonl")
+
+
+def spec_decode_folder(d: Path, experiment: str = "spec_decode") -> Samples:
+    base = d / "baseline" / "requests.jsonl"
+    return {**serving_samples(d / "spec" / "requests.jsonl"),
+            **(serving_samples(base, "baseline/") if base.exists() else {})}
+
+
+def gemm_folder(d: Path, experiment: str = "gemm") -> Samples:
+    return gemm_samples(d / "samples.jsonl")
+
+
+def collective_folder(d: Path, experiment: str) -> Samples:
+    return collective_samples(d / "raw", experiment)
+
+
+Reader = Callable[[Path, str], Samples]
+
+
+def source(experiment: str) -> Optional[tuple[tuple[str, ...], Reader]]:
+    """(artifact paths to fetch, reader of the fetched folder) the experiment's schema names;
+    None when it keeps no samples compare reads."""
+    from hydra.utils import get_method
+
+    from k25exp.config.experiments import EXPERIMENT_SCHEMAS
+
+    schema = EXPERIMENT_SCHEMAS.get(experiment)
+    if schema is None or not schema.samples:
+        return None
+    reader = get_method(schema.samples)
+    return schema.sample_artifacts, lambda d: reader(d, experiment)
 
 
 def why_no_samples(experiment: str, metric: str, samples_found: bool, problem: str = "") -> str:
     """The note a figure without samples carries instead of a test."""
     if problem:
         return f"no samples ({problem})"
-    if experiment in NO_SAMPLES:
-        return NO_SAMPLES[experiment]
+    from k25exp.config.experiments import EXPERIMENT_SCHEMAS
+
+    schema = EXPERIMENT_SCHEMAS.get(experiment)
+    if schema is not None and schema.no_samples:
+        return schema.no_samples
     if TAIL.search(metric) and samples_found:
         return "not tested (tail percentile: samples test the median)"
-    if experiment not in SOURCES:
+    if source(experiment) is None:
         return f"no samples ({experiment} keeps none that compare reads)"
     return "no samples (summary figure)"

@@ -6,7 +6,7 @@ each phase's sweep, and the report for the phases it expects; neither keeps its 
 
 from __future__ import annotations
 
-from k25exp.config.schema import EXPERIMENT_SCHEMAS
+from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 
 
 def phases(measuring_only: bool = False) -> list[str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 from k25exp.config.schema import (
-    EXPERIMENT_SCHEMAS,
     HardwareConfig,
     K25Config,
     ModelConfig,
@@ -77,6 +77,18 @@ def default_communicator(nnodes: int = 1) -> str:
     return "vllm" if int(nnodes) == 1 and importlib.util.find_spec("vllm") is not None else "torch"
 
 
+def store_uri(outputs: str | Path | None = None) -> str:
+    """The MLflow store every command opens unless told otherwise: $MLFLOW_TRACKING_URI, else
+    the embedded default, a SQLite file under the outputs folder (default: the project's)."""
+    outputs = Path(outputs) if outputs is not None else project_root() / "outputs"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{outputs / 'mlflow.db'}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a local SQLite store URI (None for any other store)."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def register_resolvers() -> None:
     # Derived numbers are interpolations (`${k25.mul:2,${model.num_hidden_layers}}`), so
     # changing the model changes every size computed from it.
@@ -87,6 +99,7 @@ def register_resolvers() -> None:
         "k25.slurm_master": slurm_master,
         "k25.communicator": default_communicator,
         "k25.rank_threads": rank_threads,
+        "k25.store_uri": store_uri,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -4,7 +4,7 @@ Every shape is a weight ``W`` of ``[n x k]`` (out_features x in_features, as ``n
 stores it); the GEMM is ``y = x @ W.T`` with ``x`` of ``[M x k]``. The unsharded (tp=1)
 shapes are simply ``model_gemm_shapes(model, 1)``.
 
-A rank model (``model.tp_rank_of=N``, k25exp.serving.tp_rank) is already one TP-N rank's
+A rank model (``model.tp_rank_of=N``, k25exp.model.tp_rank) is already one TP-N rank's
 shard: its shapes are ``model_gemm_shapes(model, 1)``, the same (n, k) as the whole model's at
 tp=N, labelled ``.tp1`` because that is how the rank is served. Sharding it again (tp > 1) is
 refused, so neither the gemm runner nor the report (which rebuilds the model from a run's
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from k25exp.serving.tp_rank import rank_model, rank_of
+from k25exp.model.tp_rank import rank_model, rank_of
 
 PARALLEL_KINDS = ("column", "row", "replicated")
 

@@ -13,7 +13,10 @@ from k25exp.collectives import nccl_log
 from k25exp.collectives.launch import LaunchOutcome, Topology, launch
 from k25exp.collectives.results import RankFiles, read_rank_files
 from k25exp.collectives.spec import CollectiveSpec, Point
-from k25exp.config.schema import CollectiveExperiment, K25Config
+from k25exp.config.experiments import CollectiveExperiment
+from k25exp.config.schema import K25Config
+from k25exp.serving.errors import ServerError
+from k25exp.serving.launch import split_cpus
 from k25exp.tracking.recorder import Recorder
 
 
@@ -69,6 +72,7 @@ def env_tags(files: RankFiles) -> dict[str, str]:
     if not files.env:
         return {}
     e0 = files.env[0]
+    cpus = {e["rank"]: e.get("cpus") for e in files.env if e.get("cpus") is not None}
     tags = {
         "device_names": ",".join(sorted({e["device_name"] for e in files.env})),
         "hosts": ",".join(sorted({e["host"] for e in files.env})),
@@ -85,6 +89,7 @@ def env_tags(files: RankFiles) -> dict[str, str]:
         tags["cuda_version"] = e0["cuda"]
     if e0["backend"] == "gloo":
         tags["gloo_version"] = f"bundled with torch {e0['torch']}"
+        tags["rank_cpus"] = ", ".join(f"rank{r}: {','.join(map(str, c))}" for r, c in sorted(cpus.items()))
     isa = {e["rank"]: e["vllm_cpu_isa"] for e in files.env if "vllm_cpu_isa" in e}
     if isa:  # vLLM's kernel build, per rank: one value when they agree
         tags["vllm.cpu_isa"] = (next(iter(isa.values())) if len(set(isa.values())) == 1 else
@@ -98,11 +103,30 @@ def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
         points = points[: exp.limit_points]
     return CollectiveSpec(
         op=op, dtype=exp.dtype, device=cfg.hardware.device, backend=cfg.hardware.backend,
-        points=points, warmup=exp.warmup, check=exp.check, blocking=exp.blocking,
+        points=points, warmup=exp.warmup, check=exp.check_results, blocking=exp.blocking,
         graph=exp.graph and cfg.hardware.device == "cuda", pg_timeout_s=exp.pg_timeout_s,
         fault_kill_rank=exp.fault.kill_rank, fault_at_point=exp.fault.at_point,
         fault_corrupt_rank=exp.fault.corrupt_rank, communicator=exp.communicator,
+        rank_cpus=rank_cpus(cfg),
     )
+
+
+def rank_cpus(cfg: K25Config) -> Optional[list[list[int]]]:
+    """CPU: each local rank's CPUs as the CPU-build server binds its TP workers
+    (server.cpu_threads_bind: "split" gives each an equal block of this process's CPUs, or
+    explicit lists "0,1|2,3"), so the collectives are timed with the placement the server's
+    run with (unbound, a rank and gloo's threads migrate between cores: on 2 cores the step's
+    gloo burst read 10.7 ms where the server's profile held 7.9 ms of transport).
+    None on CUDA, when unbound, or with fewer CPUs than ranks."""
+    hw, bind = cfg.hardware, cfg.server.cpu_threads_bind
+    if hw.device != "cpu" or not bind:
+        return None
+    try:
+        text = split_cpus(hw.nproc_per_node) if bind == "split" else bind
+    except ServerError:  # more ranks than CPUs: nothing to bind them to one each
+        return None
+    blocks = [[int(x) for x in b.split(",")] for b in text.split("|")]
+    return blocks if len(blocks) == hw.nproc_per_node else None
 
 
 def rank_env(hw) -> dict[str, str]:
@@ -203,3 +227,24 @@ def failure_message(spec: CollectiveSpec, files: RankFiles, outcome: LaunchOutco
         return f"torchrun exceeded experiment.wall_limit_s={outcome.wall_limit_s:g} s; {done}"
     tail = "\n".join(outcome.log_tail[-15:])
     return f"torchrun exited with code {outcome.returncode}; {done}. Last output:\n{tail}"
+
+
+def recover(out: Path, run) -> str:
+    """A killed job's figures (`k25exp recover`): the runner itself, replayed on raw/ instead of
+    launching torchrun: the same result aggregation (k25exp.collectives.results), metrics,
+    results table and plots."""
+    from k25exp.config.validate import typed_from_folder
+    from k25exp.runners import runner_for
+
+    if not any((out / "raw").glob("rank*.jsonl")):
+        return "nothing: no rank's samples in raw/"
+    cfg = typed_from_folder(out)
+    try:
+        with replaying():
+            runner_for(cfg.experiment)(cfg, out, run)
+    except CollectiveFailed:
+        pass  # expected: the sweep did not finish; what did is logged
+    files = read_rank_files(out / "raw")
+    return (f"{cfg.experiment.name}: {len(files.points)} finished point(s) from raw/ "
+            f"({files.incomplete_points} incomplete dropped) by the runner's own figure code "
+            "(torchrun not relaunched): metrics, results.txt/.csv, plots/")

@@ -12,6 +12,9 @@ roofline_pct divides by constants the run does not measure (hardware.mem_bandwid
 peak_bf16_tflops: nominal unless their *_source says measured); the tags
 roofline.mem_bandwidth_gbps / roofline.peak_bf16_tflops and the results caption name them
 with their source (k25exp.nominal).
+
+Long because the dense GEMMs and the MoE layer share the correctness gate, the timing
+method tags and the samples file of one run.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import orjson
 import torch
 
 from k25exp import nominal, plots, tables, vllm_kernels
-from k25exp.config.schema import GemmConfig, K25Config
+from k25exp.config.experiments import GemmConfig
+from k25exp.config.schema import K25Config
 from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
 from k25exp.gemm.quant import dequantize, packed_bytes, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import (GemmShape, expert_m, expert_tokens, model_gemm_shapes,
                                  routed_expert_dims)
-from k25exp.gemm.timing import time_fn
+from k25exp.gemm.timing import Timing, time_fn
 from k25exp.tracking.recorder import Recorder
 from k25exp.stats import min_samples
 
@@ -339,3 +343,27 @@ def _kernel(spec: dict, key: str):
 def _p90(t) -> Optional[float]:
     """p90 of the timed calls, when there are enough of them to mean one (stats.min_samples)."""
     return t.p90_us if len(t.samples_us) >= min_samples(90) else None
+
+
+def recover(out: Path, rec: Recorder) -> str:
+    """A killed job's figures (`k25exp recover`): each (shape, kernel, M) timed before the job
+    died, from samples.jsonl (written as each figure is timed): its median and p90, as the
+    runner defines them. What needs the shape, the model or the baseline's point (tflops,
+    gbps, roofline, speedup) is left out."""
+    path = out / "samples.jsonl"
+    if not path.exists():
+        return "nothing: no samples.jsonl"
+    n = 0
+    for line in path.read_bytes().splitlines():
+        try:
+            r = orjson.loads(line)
+        except orjson.JSONDecodeError:  # the line being written when the job died
+            continue
+        t = Timing(r["samples_us"])
+        m = {r["figure"]: t.median_us}
+        if (p90 := _p90(t)) is not None:
+            m[r["figure"] + "_p90"] = p90
+        rec.log_metrics(m, step=r["step"])
+        n += 1
+    return (f"gemm: {n} timed figure(s) from samples.jsonl (median, p90 of the kept calls); no "
+            "tflops, gbps, roofline or speedup")

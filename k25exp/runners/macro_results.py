@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 
 from k25exp import plots, tables
-from k25exp.config.schema import MacroConfig
-from k25exp.serving.figures import invalid_reason, saturation
+from k25exp.config.experiments import MacroConfig
+from k25exp.load.level_figures import invalid_reason, saturation
 from k25exp.stats import suppressed
 from k25exp.tracking.recorder import Recorder
 
@@ -116,3 +116,82 @@ def cdf_plot(path: Path, jsonl: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- a killed job's figures, from its folder -------------------------------------------------
+
+RECOVERED_VALIDITY = "k25exp.recovered_validity"  # which levels' validity is unknown
+# A recovered level's health figures: the client's loop lag and CPU use were not kept, so
+# nothing shows it kept up; these are never logged as if it had.
+UNKNOWN_HEALTH = ("valid", "client_lagged")
+
+
+def recover(out: Path, run) -> str:
+    """A killed job's figures (`k25exp recover`): per-level figures (k25exp.load.level_figures) of
+    every level requests.jsonl holds: the
+    job writes a level's records once the level is over, so these are the finished ones.
+    The server's /metrics view and the client's CPU and loop lag were not kept: absent. So a
+    level's validity is unknown: `valid` is logged only as 0, where the records themselves
+    show a delivery stall; otherwise `valid` and `client_lagged` are left out and the tag
+    k25exp.recovered_validity names the levels."""
+    from k25exp import plots
+    from k25exp.collectives.results import read_jsonl  # a torn last line tolerated, as for ranks
+    from k25exp.load.level_figures import level_figures
+
+    if not (out / "requests.jsonl").exists():
+        return "nothing: no requests.jsonl"
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in read_jsonl(out / "requests.jsonl"):
+        groups.setdefault((r["phase"], r["level"]), []).append(r)
+    levels, tput, unknown, stalled = [], [], [], []
+    for (phase, level), recs in groups.items():
+        if phase == "warmup":
+            continue
+        wall = max(r["sent_s"] + r["end_s"] for r in recs) - min(r["sent_s"] for r in recs)
+        figs = {k: v for k, v in level_figures(recs, wall).items() if isinstance(v, (int, float))
+                and k not in UNKNOWN_HEALTH}
+        what = "single stream" if phase == "single" else f"{level}"
+        if figs.get("delivery_stalls"):
+            figs["valid"] = 0.0  # seen in the records: invalid whatever the client did
+            stalled.append(what)
+        else:
+            unknown.append(what)
+        if phase == "single":
+            single = {f"single_stream_{k}": v for k, v in figs.items()}
+            if "tpot_ms_p50" in figs:  # the job's headline names
+                single["single_stream_tpot_ms"] = figs["tpot_ms_p50"]
+            if "ttft_ms_p50" in figs:
+                single["single_stream_ttft_ms"] = figs["ttft_ms_p50"]
+            run.log_metrics(single)
+        else:
+            run.log_metrics(figs, step=level)
+            levels.append(level)
+            tput.append(figs["output_tok_s"])
+    summary = {}
+    if levels:
+        i = max(range(len(levels)), key=tput.__getitem__)
+        summary = {"peak_output_tok_s": tput[i], "peak_concurrency": levels[i]}
+        run.log_metrics(summary)
+        plots.sweep(out / "plots" / "throughput_vs_concurrency.png", levels,
+                    {"output tok/s": tput}, "concurrency", "output tokens / s",
+                    "Throughput vs concurrency (recovered: finished levels)")
+    if unknown or stalled:
+        run.set_tags({RECOVERED_VALIDITY: _validity_note(unknown, stalled)})
+    single = ("single-stream phase, " if any(p == "single" for p, _ in groups) else "")
+    return (f"macro: {single}{len(levels)} finished concurrency level(s) {levels} from "
+            "requests.jsonl by k25exp.load.level_figures.level_figures (no server /metrics, client "
+            "CPU or loop-lag figures); plots/throughput_vs_concurrency.png")
+
+
+def _validity_note(unknown: list[str], stalled: list[str]) -> str:
+    def named(xs: list[str]) -> str:
+        lv = [x for x in xs if x != "single stream"]
+        return ", ".join((["the single stream"] if "single stream" in xs else [])
+                         + ([f"levels [{', '.join(lv)}]"] if lv else []))
+    parts = []
+    if unknown:
+        parts.append(f"validity unknown for {named(unknown)}: the client's loop lag and CPU use "
+                     "were not kept, so no valid/client_lagged is logged")
+    if stalled:
+        parts.append(f"valid=0 for {named(stalled)}: a delivery stall in the records")
+    return "; ".join(parts)

@@ -20,12 +20,13 @@ from pathlib import Path
 import httpx
 import orjson
 
-from k25exp.config.schema import K25Config, ProfileConfig, TraceBreakdownConfig
+from k25exp.config.experiments import ProfileConfig, TraceBreakdownConfig
+from k25exp.config.schema import K25Config
 from k25exp.gemm.floor import decode_floor
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving.answers import refuse_html
-from k25exp.serving.client import CompletionClient, run_level
-from k25exp.serving.prompts import PromptBuilder, load_tokenizer
+from k25exp.load.client import CompletionClient, run_level
+from k25exp.load.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError
 from k25exp.traces import analyze, summary_text, write_outputs
 from k25exp.tracking.recorder import Recorder
@@ -161,3 +162,15 @@ async def _post(http: httpx.AsyncClient, path: str, timeout_s: float) -> None:
     if r.status_code >= 400:
         raise ProfileError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
     refuse_html(r, "vLLM's answer")  # a proxy's page: the profiler never saw the request
+
+
+def recover(out: Path, rec: Recorder) -> str:
+    """A killed job's figures (`k25exp recover`): the breakdown of the traces it had copied into
+    traces/ (a capture is copied whole, after /stop_profile), by the runner's own analysis."""
+    from k25exp.config.validate import typed_from_folder
+
+    traces = sorted((out / "traces").glob("*.json*")) if (out / "traces").is_dir() else []
+    if not traces:
+        return "nothing: no traces/ (the job died before its capture was copied)"
+    breakdown(traces, typed_from_folder(out).experiment, out, rec)
+    return f"breakdown of {len(traces)} trace(s) in traces/ (k25exp.traces), as the job would have"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from k25exp.config.schema import K25Config, TraceBreakdownConfig
+from k25exp.config.experiments import TraceBreakdownConfig
+from k25exp.config.schema import K25Config
 from k25exp.runners.profile import breakdown
 from k25exp.tracking.recorder import Recorder
 
@@ -28,3 +29,11 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     if not paths:
         raise FileNotFoundError(f"experiment.paths={exp.paths}: no trace matching {exp.trace_glob!r}")
     return breakdown(paths, exp, out, rec)
+
+
+def recover(out: Path, rec: Recorder) -> str:
+    """A killed job's figures (`k25exp recover`): the given traces analysed again."""
+    from k25exp.config.validate import typed_from_folder
+
+    run(typed_from_folder(out), out, rec)
+    return "the given traces analysed again (k25exp.traces), as the job would have"

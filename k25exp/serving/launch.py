@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from k25exp import vllm_kernels
+from k25exp.config.experiments.serving import quantized_needs_dummy
 from k25exp.config.schema import ModelConfig, ServerConfig
 from k25exp.redact import is_secret, redact_env, scrub
-from k25exp.serving.dev_endpoints import dev_mode_allowed
+from k25exp.config.dev_endpoints import dev_mode_allowed
 from k25exp.serving import vllm_version
 from k25exp.serving.errors import ServerError, ServerStartError
 
@@ -91,14 +92,6 @@ def resolve_model_path(server: ServerConfig, model: ModelConfig, seed: int) -> t
     if not tiny_model.has_weights(model) and server.load_format != "dummy":
         raise ServerStartError(quantized_needs_dummy(model, server))
     return tiny_model.ensure(model, seed, Path(server.model_cache))
-
-
-def quantized_needs_dummy(model: ModelConfig, server: ServerConfig) -> str:
-    """Why a quantized model without a checkpoint cannot be served as configured."""
-    return (f"server.model_path=null with model {model.name!r} ({model.quant.method}): k25exp "
-            "generates its config.json without weights, so vLLM must make random ones; set "
-            f"server.load_format=dummy (got {server.load_format or 'null'}), or point server.model_path "
-            "at the real checkpoint")
 
 
 def _argv(s: ServerConfig, model_path: Path) -> list[str]:

@@ -9,12 +9,12 @@ The folder is what vLLM loads as `DeepseekV3ForCausalLM`: MLA (q/kv low-rank pro
 kv_lora_rank + qk_rope_head_dim = 576 as vLLM's CPU MLA needs), a dense first layer, routed +
 shared experts, a sigmoid top-k gate with its `e_score_correction_bias` (`noaux_tc`). Its
 sizes come from the `model` config group, as one device serves it: with `model.tp_rank_of=N`,
-those of one TP-N rank (k25exp.serving.tp_rank). An unquantized model (tiny_kimi) gets
+those of one TP-N rank (k25exp.model.tp_rank). An unquantized model (tiny_kimi) gets
 weights drawn from a seeded generator, as safetensors. A quantized one (`model.quant.method`
-w4a16) gets its compressed-tensors `quantization_config` (k25exp.serving.quant_config) and no
+w4a16) gets its compressed-tensors `quantization_config` (k25exp.model.quant_config) and no
 weights at all: the folder is meant for `server.load_format=dummy` (vLLM's random weights, no
 files read), so Kimi-K2.5's layers run without its ~550 GiB checkpoint. Either way the manifest
-records the weight-memory estimate (k25exp.serving.weight_bytes), logged when the folder is
+records the weight-memory estimate (k25exp.model.weight_bytes), logged when the folder is
 made. The BPE tokenizer is trained on a corpus generated from the seed, so one (model config,
 seed) always gives the same files. Nothing is downloaded.
 
@@ -31,15 +31,14 @@ import os
 import math
 import random
 import shutil
-import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from k25exp.config.schema import ModelConfig
-from k25exp.serving import weight_bytes
-from k25exp.serving.quant_config import quantization_config
-from k25exp.serving.tp_rank import rank_model
+from k25exp.model import weight_bytes
+from k25exp.model.quant_config import quantization_config
+from k25exp.model.tp_rank import rank_model
 
 log = logging.getLogger(__name__)
 
@@ -276,55 +275,3 @@ def ensure(m: ModelConfig, seed: int, cache_dir: Path) -> tuple[Path, bool]:
             return folder, False
         raise
     return folder, True
-
-
-def cli(argv: list[str]) -> int:
-    """`k25exp make-model [overrides] [--out DIR] [--force]`: writes the model folder, prints its
-    path (stdout) and the weight-memory estimate (stderr)."""
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="k25exp make-model",
-        description="Write the model folder experiment=macro serves when server.model_path is "
-                    "null: the random-weight Kimi-shaped checkpoint (model=tiny_kimi), or a "
-                    "quantized model's config without weights (model=kimi_k25_int4, for "
-                    "server.load_format=dummy), with a locally trained tokenizer.")
-    p.add_argument("overrides", nargs="*",
-                   help="config overrides, e.g. model=tiny_kimi seed=1 model.num_hidden_layers=4, "
-                        "or model=kimi_k25_int4 model.tp_rank_of=8 (one TP-8 rank)")
-    p.add_argument("--out", help="folder to write (default: <server.model_cache>/<name>-<hash>)")
-    p.add_argument("--force", action="store_true", help="rewrite even if it exists")
-    a = p.parse_args(argv)
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from k25exp.config import register_configs
-    from k25exp.config.store import project_root
-
-    register_configs()
-    overrides = list(a.overrides)
-    if not any(o.startswith("model=") for o in overrides):
-        overrides.insert(0, "model=tiny_kimi")
-    with initialize_config_dir(config_dir=str(project_root() / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    m = OmegaConf.to_object(cfg.model)
-    seed = int(cfg.seed)
-    try:
-        est = weight_bytes.estimate(m)  # also checks model.tp_rank_of and the quant scheme
-        quantization_config(m.quant)
-        if a.out:
-            out = Path(a.out)
-            if a.force or not is_complete(out):
-                generate(m, seed, out)
-        elif a.force:
-            out = generate(m, seed, model_dir(m, seed, Path(cfg.server.model_cache)))
-        else:
-            out, _ = ensure(m, seed, Path(cfg.server.model_cache))
-    except ValueError as e:
-        print(f"k25exp make-model: {e}", file=sys.stderr)
-        return 2
-    print(f"k25exp make-model: {rank_model(m).name}: {weight_bytes.describe(est)}"
-          + ("" if has_weights(m) else "; no weights written: serve with server.load_format=dummy"),
-          file=sys.stderr)
-    print(out)
-    return 0

@@ -31,10 +31,6 @@ RECOVERED = "k25exp.recovered"  # when (UTC) and by which process
 RECOVERED_REASON = "k25exp.recovered_reason"  # why the run's process was judged gone
 RECOVERED_FIGURES = "k25exp.recovered_figures"  # what was recomputed from the folder
 RECOVERED_STOPPED = "k25exp.recovered_stopped"  # processes of the job stopped on recovery
-RECOVERED_VALIDITY = "k25exp.recovered_validity"  # macro: which levels' validity is unknown
-# A recovered level's health figures: the client's loop lag and CPU use were not kept, so
-# nothing shows it kept up; these are never logged as if it had.
-UNKNOWN_HEALTH = ("valid", "client_lagged")
 STOP_GRACE_S = 5.0
 
 
@@ -156,117 +152,20 @@ def stop_leftovers(out: Path) -> list[str]:
 # --- figures from a folder ---------------------------------------------------------------
 
 def recompute(kind: str, out: Path, run) -> str:
-    """Log the figures the folder allows; returns what was recomputed, in words."""
+    """Log the figures the folder allows, as the experiment's schema says (its `recover`
+    hook, k25exp.config.experiments; imported by name, so tracking never imports runners);
+    returns what was recomputed, in words."""
+    from hydra.utils import get_method
+
+    from k25exp.config.experiments import EXPERIMENT_SCHEMAS
+
+    schema = EXPERIMENT_SCHEMAS.get(kind)
+    if schema is None:
+        return f"nothing: experiment {kind!r} is not registered here; files uploaded as they are"
+    if not schema.recover:
+        return f"nothing: {schema.no_recovery}; files uploaded as they are"
     try:
-        if (out / "raw").is_dir() and any((out / "raw").glob("rank*.jsonl")):
-            return _collective_figures(out, run)
-        if kind == "macro" and (out / "requests.jsonl").exists():
-            return _macro_figures(out, run)
+        return get_method(schema.recover)(out, run)
     except Exception as e:
         log.error("recomputing figures of %s failed: %s", out, e)
         return f"failed: {type(e).__name__}: {e}; files uploaded as they are"
-    return f"nothing: no recovery figures for experiment {kind!r}; files uploaded as they are"
-
-
-def load_typed(out: Path):
-    """The job's typed config from its config.resolved.yaml (what it ran with)."""
-    from omegaconf import OmegaConf
-
-    from k25exp.config.schema import EXPERIMENT_SCHEMAS, K25Config
-    from k25exp.config.validate import to_typed
-
-    resolved = OmegaConf.load(out / "config.resolved.yaml")
-    name = resolved.experiment.name
-    if name not in EXPERIMENT_SCHEMAS:
-        raise KeyError(f"experiment.name={name!r} in {out / 'config.resolved.yaml'}: not one of "
-                       f"{sorted(EXPERIMENT_SCHEMAS)}")
-    base = OmegaConf.structured(K25Config)
-    base.experiment = OmegaConf.structured(EXPERIMENT_SCHEMAS[name])
-    return to_typed(OmegaConf.merge(base, resolved))
-
-
-def _collective_figures(out: Path, run) -> str:
-    """The runner itself, replayed on raw/ instead of launching torchrun: the same result
-    aggregation (k25exp.collectives.results), metrics, results table and plots."""
-    from k25exp.collectives.results import read_rank_files
-    from k25exp.runners import runner_for
-    from k25exp.runners.collective import CollectiveFailed, replaying
-
-    cfg = load_typed(out)
-    try:
-        with replaying():
-            runner_for(cfg.experiment)(cfg, out, run)
-    except CollectiveFailed:
-        pass  # expected: the sweep did not finish; what did is logged
-    files = read_rank_files(out / "raw")
-    return (f"{cfg.experiment.name}: {len(files.points)} finished point(s) from raw/ "
-            f"({files.incomplete_points} incomplete dropped) by the runner's own figure code "
-            "(torchrun not relaunched): metrics, results.txt/.csv, plots/")
-
-
-def _macro_figures(out: Path, run) -> str:
-    """Per-level figures (k25exp.serving.figures) of every level requests.jsonl holds: the
-    job writes a level's records once the level is over, so these are the finished ones.
-    The server's /metrics view and the client's CPU and loop lag were not kept: absent. So a
-    level's validity is unknown: `valid` is logged only as 0, where the records themselves
-    show a delivery stall; otherwise `valid` and `client_lagged` are left out and the tag
-    k25exp.recovered_validity names the levels."""
-    from k25exp import plots
-    from k25exp.collectives.results import read_jsonl  # a torn last line tolerated, as for ranks
-    from k25exp.serving.figures import level_figures
-
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in read_jsonl(out / "requests.jsonl"):
-        groups.setdefault((r["phase"], r["level"]), []).append(r)
-    levels, tput, unknown, stalled = [], [], [], []
-    for (phase, level), recs in groups.items():
-        if phase == "warmup":
-            continue
-        wall = max(r["sent_s"] + r["end_s"] for r in recs) - min(r["sent_s"] for r in recs)
-        figs = {k: v for k, v in level_figures(recs, wall).items() if isinstance(v, (int, float))
-                and k not in UNKNOWN_HEALTH}
-        what = "single stream" if phase == "single" else f"{level}"
-        if figs.get("delivery_stalls"):
-            figs["valid"] = 0.0  # seen in the records: invalid whatever the client did
-            stalled.append(what)
-        else:
-            unknown.append(what)
-        if phase == "single":
-            single = {f"single_stream_{k}": v for k, v in figs.items()}
-            if "tpot_ms_p50" in figs:  # the job's headline names
-                single["single_stream_tpot_ms"] = figs["tpot_ms_p50"]
-            if "ttft_ms_p50" in figs:
-                single["single_stream_ttft_ms"] = figs["ttft_ms_p50"]
-            run.log_metrics(single)
-        else:
-            run.log_metrics(figs, step=level)
-            levels.append(level)
-            tput.append(figs["output_tok_s"])
-    summary = {}
-    if levels:
-        i = max(range(len(levels)), key=tput.__getitem__)
-        summary = {"peak_output_tok_s": tput[i], "peak_concurrency": levels[i]}
-        run.log_metrics(summary)
-        plots.sweep(out / "plots" / "throughput_vs_concurrency.png", levels,
-                    {"output tok/s": tput}, "concurrency", "output tokens / s",
-                    "Throughput vs concurrency (recovered: finished levels)")
-    if unknown or stalled:
-        run.set_tags({RECOVERED_VALIDITY: _validity_note(unknown, stalled)})
-    single = ("single-stream phase, " if any(p == "single" for p, _ in groups) else "")
-    return (f"macro: {single}{len(levels)} finished concurrency level(s) {levels} from "
-            "requests.jsonl by k25exp.serving.figures.level_figures (no server /metrics, client "
-            "CPU or loop-lag figures); plots/throughput_vs_concurrency.png")
-
-
-def _validity_note(unknown: list[str], stalled: list[str]) -> str:
-    def named(xs: list[str]) -> str:
-        lv = [x for x in xs if x != "single stream"]
-        return ", ".join((["the single stream"] if "single stream" in xs else [])
-                         + ([f"levels [{', '.join(lv)}]"] if lv else []))
-    parts = []
-    if unknown:
-        parts.append(f"validity unknown for {named(unknown)}: the client's loop lag and CPU use "
-                     "were not kept, so no valid/client_lagged is logged")
-    if stalled:
-        parts.append(f"valid=0 for {named(stalled)}: a delivery stall in the records")
-    return "; ".join(parts)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from k25exp.config.schema import EXPERIMENT_SCHEMAS, K25Config
+from k25exp.config.experiments import EXPERIMENT_SCHEMAS
+from k25exp.config.schema import K25Config
 from k25exp.config.store import project_root
 from k25exp.config.validate import to_typed
 from tests.conftest import compose_cfg
 
-# What an experiment cannot run without (no sensible default exists).
-NEEDS = {"trace_breakdown": ["experiment.paths=[/tmp]"], "slo_search": ["experiment.slo.ttft_ms=500"]}
 EXPERIMENTS = sorted(p.stem for p in (project_root() / "conf" / "experiment").glob("*.yaml"))
 HARDWARE = sorted(p.stem for p in (project_root() / "conf" / "hardware").glob("*.yaml"))
 
@@ -24,17 +23,17 @@ def test_every_schema_has_an_experiment_file():
 @pytest.mark.parametrize("debug", [None, "quick"])
 def test_experiment_composes_to_its_schema(name, debug):
     overrides = [f"experiment={name}"] + ([f"debug={debug}"] if debug else [])
-    overrides += NEEDS.get(name, [])
+    schema = EXPERIMENT_SCHEMAS[compose_cfg(*overrides).experiment.name]
+    overrides += schema.example_overrides  # what it cannot run without, as its schema says
     typed = to_typed(compose_cfg(*overrides), gpu_count=lambda: 0)
     assert isinstance(typed, K25Config)
     assert isinstance(typed.experiment, EXPERIMENT_SCHEMAS[typed.experiment.name])
     assert name.startswith(typed.experiment.name)  # gemm_full is a gemm
-    if debug:  # each experiment's own count shrunk to 3, under its own name
-        counted = {"nccl_burst": "bursts", "allreduce_sweep": "ops_per_burst",
-                   "all_to_all": "ops_per_burst", "gemm": "calls", "macro": "requests",
-                   "spec_decode": "requests", "profile": "requests"}.get(typed.experiment.name)
-        if counted:
-            assert getattr(typed.experiment, counted) == 3
+    if debug:  # each experiment's own count shrunk, under its own name (its debug file's)
+        quick = project_root() / "conf" / "debug_experiment" / f"quick_{typed.experiment.name}.yaml"
+        if quick.exists():
+            for key, value in OmegaConf.load(quick).get("experiment", {}).items():
+                assert getattr(typed.experiment, key) == value, key
         assert typed.experiment.warmup == 1 and typed.experiment.limit_points == 3
 
 

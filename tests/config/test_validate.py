@@ -140,7 +140,7 @@ def test_vllm_communicator_is_one_node_only_and_the_default_follows():
     assert typed(*two).experiment.communicator == "torch"  # the default across nodes
     with pytest.raises(ConfigError, match=r"experiment.communicator=vllm with hardware.nnodes=2"):
         typed(*two, "experiment.communicator=vllm")
-    with pytest.raises(ConfigError, match=r"experiment.communicator='nccl': expected torch or vllm"):
+    with pytest.raises(ConfigError, match=r"experiment.communicator='nccl': expected one of torch, vllm"):
         typed("experiment=nccl_burst", "experiment.communicator=nccl")
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from k25exp.serving import tiny_model, weight_bytes
+from k25exp.model import weight_bytes
+from k25exp.serving import tiny_model
 from k25exp.serving.errors import ServerStartError
 from k25exp.serving.launch import launch_spec, resolve_model_path
-from k25exp.serving.prompts import load_tokenizer
-from k25exp.serving.tp_rank import rank_model, rank_problems
+from k25exp.load.prompts import load_tokenizer
+from k25exp.model.tp_rank import rank_model, rank_problems
 from tests.conftest import ROOT, compose_cfg, warm_python
 
 RANK8 = ["model=kimi_k25_int4", "model.tp_rank_of=8"]

@@ -47,7 +47,8 @@ def test_dead_runs_end_killed_live_ones_are_left(tmp_path):
     c = store.client
     d = c.get_run(dead.run_id)
     assert d.info.status == "KILLED"
-    assert "no recovery figures for experiment 'gemm'" in d.data.tags["k25exp.recovered_figures"]
+    # gemm recovers from samples.jsonl (its schema's hook), which this job never wrote
+    assert d.data.tags["k25exp.recovered_figures"] == "nothing: no samples.jsonl"
     assert d.data.tags["k25exp.recovered_stopped"] == "none found"
     assert [a.path for a in c.list_artifacts(dead.run_id, "sub")] == ["sub/partial.csv"]
     f = c.get_run(far.run_id)
@@ -72,10 +73,10 @@ def test_recovered_levels_are_never_called_valid(tmp_path):
     import json
 
     from k25exp.tracking import MemoryRecorder
-    from k25exp.tracking.recover import _macro_figures
+    from k25exp.runners.macro_results import recover as _macro_figures
 
     even = [0.05 + 0.02 * i for i in range(8)]  # a token every 20 ms
-    # 5 silent steps, then 4 chunks within 1 ms: a delivery stall (k25exp.serving.stalls)
+    # 5 silent steps, then 4 chunks within 1 ms: a delivery stall (k25exp.load.stalls)
     stalled = [0.05 + 0.02 * i for i in range(3)] + [0.19, 0.1905, 0.191, 0.1915, 0.192]
     recs = ([_request("single", 1, even, sent=0.3 * i) for i in range(3)]
             + [_request("sweep", 1, even, sent=1.0 + 0.3 * i) for i in range(3)]
@@ -96,3 +97,30 @@ def test_recovered_levels_are_never_called_valid(tmp_path):
     assert "single stream" in rec.tags["k25exp.recovered_validity"]
     # the figures that were kept are the requests' own: TPOT 20 ms per token
     assert rec.latest("single_stream_tpot_ms")[None] == pytest.approx(20.0)
+
+
+def test_a_killed_gemm_jobs_timed_figures_come_back_from_its_samples(tmp_path):
+    """The gemm schema's recovery hook: every figure timed before the job died, its median
+    and p90 (with 10 calls or more) recomputed here by hand; a torn last line is skipped."""
+    import json
+
+    from k25exp.tracking import MemoryRecorder
+    from k25exp.tracking.recover import recompute
+
+    calls = [10.0, 12.0, 11.0, 13.0, 9.0, 14.0, 10.5, 11.5, 12.5, 30.0]
+    lines = [json.dumps({"figure": "expert_down.tp2/torch_bf16/latency_us", "step": 4,
+                         "samples_us": calls}),
+             json.dumps({"figure": "moe.tp2/vllm_fused_moe/latency_us", "step": 1,
+                         "samples_us": [50.0, 52.0, 51.0]}),
+             '{"figure": "expert_down.tp2/marlin/lat']  # the line being written at the kill
+    (tmp_path / "samples.jsonl").write_text("\n".join(lines))
+    rec = MemoryRecorder()
+    what = recompute("gemm", tmp_path, rec)
+    assert what.startswith("gemm: 2 timed figure(s) from samples.jsonl")
+    srt = sorted(calls)  # median of 10: mean of the 5th and 6th; p90: 9th + 0.1 × (10th − 9th)
+    assert rec.latest("expert_down.tp2/torch_bf16/latency_us") == {4: (srt[4] + srt[5]) / 2}
+    assert rec.latest("expert_down.tp2/torch_bf16/latency_us_p90")[4] == pytest.approx(
+        srt[8] + 0.1 * (srt[9] - srt[8]))
+    assert rec.latest("moe.tp2/vllm_fused_moe/latency_us") == {1: 51.0}
+    assert "moe.tp2/vllm_fused_moe/latency_us_p90" not in {k for k, _, _ in rec.metrics}  # 3 calls
+

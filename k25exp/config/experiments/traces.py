@@ -1,0 +1,105 @@
+"""The trace experiments (phase 3): a torch.profiler capture of the live server's decode broken
+down per step (profile), and the same analysis of traces you already have (trace_breakdown)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, List, Optional
+
+from omegaconf import MISSING
+
+from k25exp.config.dev_endpoints import dev_endpoint_problems
+from k25exp.config.experiments.base import ExperimentBase, experiment, non_negative, positive
+from k25exp.config.experiments.serving import served_model_problems
+
+if TYPE_CHECKING:
+    from k25exp.config.schema import K25Config
+
+
+@experiment
+@dataclass
+class ProfileConfig(ExperimentBase):
+    """Phase 3: a torch.profiler capture of the live server's decode, broken down by kernel.
+
+    warmup = requests before the profile window; requests = decode requests inside it;
+    limit_points = analyse only the first N decode steps of each rank.
+    """
+
+    recover: ClassVar[Optional[str]] = "k25exp.runners.profile.recover"
+    no_samples: ClassVar[str] = "no samples (shares of one capture)"
+
+    campaign_order: ClassVar[Optional[int]] = 6
+    headline: ClassVar[tuple[str, ...]] = ("decode_step_ms", "share_communication", "share_gemm", "share_moe",
+                                           "share_attention")
+    headline_params: ClassVar[tuple[str, ...]] = ("experiment.concurrency",)
+    # spans the macro sweep; one server start (reused across the levels)
+    campaign_sweep: ClassVar[str] = "experiment.concurrency=1,8,32"
+
+    name: str = "profile"
+    _target_: str = "k25exp.runners.profile.run"
+    warmup: int = 2
+    requests: int = 4
+    concurrency: int = 1  # the batch being profiled (at least this many requests are sent)
+    input_tokens: int = 32
+    output_tokens: int = 32
+    temperature: float = 0.0
+    seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
+    # /stop_profile blocks while every rank flushes its trace (minutes with stack capture).
+    stop_timeout_s: float = 900.0
+    # Where the server writes traces: its profiler config's torch_profiler_dir (launched
+    # server); for server=endpoint, a folder this machine can read.
+    trace_dir: Optional[str] = None
+    trace_glob: str = "*.pt.trace.json*"
+    rules: Optional[str] = None  # classification rules YAML; null = conf/trace_rules/default.yaml
+    top_kernels: int = 30
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """The capture and the server's profiler config."""
+        super().check(cfg, problems)
+        positive(self, "experiment", ["requests", "concurrency", "input_tokens", "stop_timeout_s",
+                                      "top_kernels"], problems)
+        non_negative(self, "experiment", ["warmup"], problems)
+        if self.output_tokens < 2:
+            problems.append(f"experiment.output_tokens={self.output_tokens}: expected >= 2 (a decode step "
+                            "needs a token after the first)")
+        prof = cfg.server.profiler or {}
+        if cfg.server.kind == "vllm":
+            served_model_problems(cfg, problems)
+            d = prof.get("torch_profiler_dir")
+            if prof.get("profiler") != "torch" or not d or not str(d).startswith("/"):
+                problems.append(f"server.profiler={dict(prof) or None}: experiment=profile needs "
+                                "{profiler: torch, torch_profiler_dir: <absolute folder>}")
+        elif not self.trace_dir:
+            problems.append("experiment.trace_dir: required with server=endpoint (the folder where that "
+                            "server's --profiler-config writes traces, readable from here)")
+        # vLLM's dev endpoints answer without the API key: loopback only, unless opted in
+        problems += dev_endpoint_problems(
+            cfg.server, "experiment=profile uses /start_profile and /stop_profile")
+
+@experiment
+@dataclass
+class TraceBreakdownConfig(ExperimentBase):
+    """Breakdown of traces someone already has (one file per rank), logged as a run."""
+
+    example_overrides: ClassVar[tuple[str, ...]] = ("experiment.paths=[/tmp]",)
+    recover: ClassVar[Optional[str]] = "k25exp.runners.trace_breakdown.recover"
+    no_samples: ClassVar[str] = "no samples (shares of given traces)"
+
+    headline: ClassVar[tuple[str, ...]] = ("decode_step_ms", "share_communication", "share_gemm", "share_moe",
+                                           "share_attention")
+
+    name: str = "trace_breakdown"
+    _target_: str = "k25exp.runners.trace_breakdown.run"
+    paths: List[str] = field(default_factory=list)  # files, or folders searched for trace_glob
+    trace_glob: str = "*.pt.trace.json*"
+    rules: Optional[str] = None
+    top_kernels: int = 30
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """Traces to read."""
+        super().check(cfg, problems)
+        if not self.paths:
+            problems.append("experiment.paths=[]: expected trace files or folders, e.g. "
+                            "'experiment.paths=[/data/traces]'")
+        positive(self, "experiment", ["top_kernels"], problems)
+
