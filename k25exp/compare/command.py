@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from k25exp.config.store import sqlite_path
+
 
 def _default_uri() -> str:
-    from k25exp.config.store import project_root
+    from k25exp.config.store import store_uri
 
-    return os.environ.get("MLFLOW_TRACKING_URI") or \
-        f"sqlite:///{project_root() / 'outputs' / 'mlflow.db'}"
+    return store_uri()
 
 
 def folder_name(a: str, b: str) -> str:
@@ -75,7 +76,7 @@ def main(args: list[str]) -> int:
     from k25exp.config.store import project_root
 
     uri = a.uri or _default_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+    if sqlite_path(uri) and not sqlite_path(uri).exists():
         # MLflow would create an empty store there and then find nothing
         print(f"k25exp compare: no MLflow store at {uri} (--uri or $MLFLOW_TRACKING_URI)", file=sys.stderr)
         return 2

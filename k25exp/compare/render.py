@@ -7,13 +7,12 @@ change and the verdict; then the environment (tags) and config (params) that dif
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import math
 from pathlib import Path
 from typing import Optional
 
+from k25exp import html_page
 from k25exp.compare.directions import RULES
 from k25exp.compare.table import Comparison, Row
 
@@ -136,7 +135,9 @@ def markdown(c: Comparison, generated: str, plot_file: Optional[str] = None) -> 
                   " · ".join(f"{side}: [{short}]({url})" for side, short, url in pair_links(c, label)),
                   "", "| " + " | ".join(COLUMNS) + " |",
                   "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(_md(x) for x in cells(r)) + " |" for r in rows]
+        # a figure worse beyond --fail-on, or significant, reads bold (the page's highlight)
+        lines += ["| " + " | ".join(f"**{_md(x)}**" if (r.worse_beyond or r.significant) and x
+                                    else _md(x) for x in cells(r)) + " |" for r in rows]
         lines.append("")
     for title, diff in (("Environment (tags) that differs", c.tag_diff),
                         ("Config (params) that differs within pairs", c.param_diff)):
@@ -185,45 +186,6 @@ def change_plot(c: Comparison) -> Optional[bytes]:
     return buf.getvalue()
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1300px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.6em 0;font-size:.85em}th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right}
-th{background:#f3f3f3}td:first-child,td:last-child,th:first-child,th:last-child{text-align:left}.sig{background:#fff6d5}.fail{background:#fdd;font-weight:bold}
-.note{color:#555}img{max-width:100%}"""
-
-
-def html_page(c: Comparison, generated: str, plot: Optional[bytes]) -> str:
-    e = html.escape
-    out = ["<!doctype html><html><head><meta charset=utf-8>",
-           f"<title>k25exp compare {e(c.a.ident)} vs {e(c.b.ident)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>k25exp compare: {e(c.a.ident)} vs {e(c.b.ident)}</h1>",
-           f"<p class=note>{e(header(c))}; generated {e(generated)}.</p>"]
-    if verdict_line(c):
-        out.append(f"<p><b>{e(verdict_line(c))}</b></p>")
-    if plot:
-        out.append('<img alt="median change per tested figure" src="data:image/png;base64,'
-                   f'{base64.b64encode(plot).decode()}">')
-    for label, rows in by_pair(c).items():
-        out.append(f"<h2>{e(pair_title(c, label))}</h2><p>" + " · ".join(
-            f'{side}: <a href="{e(url)}">{e(short)}</a>' for side, short, url in pair_links(c, label))
-            + "</p><table><tr>"
-                   + "".join(f"<th>{e(x)}</th>" for x in COLUMNS) + "</tr>")
-        for r in rows:
-            cls = ' class="fail"' if r.worse_beyond else ' class="sig"' if r.significant else ""
-            out.append(f"<tr{cls}>" + "".join(f"<td>{e(x)}</td>" for x in cells(r)) + "</tr>")
-        out.append("</table>")
-    for title, diff in (("Environment (tags) that differs", c.tag_diff),
-                        ("Config (params) that differs within pairs", c.param_diff)):
-        out.append(f"<h2>{title}</h2><table><tr><th>key</th><th>A</th><th>B</th></tr>")
-        out += [f"<tr><td>{e(k)}</td><td>{e(x)}</td><td>{e(y)}</td></tr>" for k, x, y in diff] \
-            or ["<tr><td>(none)</td><td></td><td></td></tr>"]
-        out.append("</table>")
-    items = [f"unmatched: {u}" for u in c.unmatched] + c.notes
-    if items:
-        out.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in items) + "</ul>")
-    out.append("</body></html>")
-    return "\n".join(out)
-
-
 def write(folder: Path, c: Comparison, generated: str) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     plot = change_plot(c)
@@ -231,5 +193,6 @@ def write(folder: Path, c: Comparison, generated: str) -> tuple[Path, Path]:
         (folder / "median_change.png").write_bytes(plot)
     md, page = folder / "compare.md", folder / "compare.html"
     md.write_text(markdown(c, generated, "median_change.png" if plot else None))
-    page.write_text(html_page(c, generated, plot))
+    page.write_text(html_page.render(md.read_text(), f"k25exp compare {c.a.ident} vs {c.b.ident}",
+                                     folder))
     return md, page

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from k25exp.compare import directions, envdiff, resolve, samples, stats
+from k25exp.compare import directions, envdiff, resolve, samples
+from k25exp.compare import significance as stats
 
 DEFAULT_NOISE_PCT = 5.0
 # Bookkeeping timings of the job itself, not figures of what was measured.

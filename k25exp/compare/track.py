@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from k25exp.compare.table import Comparison
+from k25exp.config.store import sqlite_path
 
 EXPERIMENT = "k25exp/compare"
 DESCRIPTION = ("k25exp compare A B: two runs, sweeps or campaigns figure by figure, with "
@@ -16,9 +17,8 @@ DESCRIPTION = ("k25exp compare A B: two runs, sweeps or campaigns figure by figu
 
 def artifact_root(uri: str) -> Optional[str]:
     """Where a local SQLite store keeps artifacts: beside the database, as k25exp's runs do."""
-    if uri.startswith("sqlite:///"):
-        return str(Path(uri[len("sqlite:///"):]).parent / "mlartifacts")
-    return None
+    db = sqlite_path(uri)
+    return str(db.parent / "mlartifacts") if db else None
 
 
 def log(uri: str, c: Comparison, folder: Path, name: str) -> str:

@@ -76,7 +76,7 @@ def spec_projected(setting: str) -> Metric:
     return Metric(SPEC_PROJECTED + _slug(setting), f"projected speedup, {setting}", "×")
 
 
-# Logged beside the figures by k25exp.runners.report.
+# Logged beside the figures by k25exp.runners.campaign_report.
 PHASES_MISSING = "phases_missing"
 FIGURES_MISSING = "figures_missing"
 RUNS_REFUSED = "runs_refused"

@@ -1,17 +1,17 @@
-"""The report as Markdown (report.md + plots/) and one self-contained HTML page.
+"""The report as Markdown (report.md + plots/), and the same as one self-contained HTML page
+rendered from it (k25exp.html_page).
 
-Both are written from the same Sections; every figure names and links the MLflow run it
-came from; a missing figure is printed as `missing` with its reason, never as a number.
+Every figure names and links the MLflow run it came from; a missing figure is printed as
+`missing` with its reason, never as a number.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from k25exp import html_page
 from k25exp.report import metrics as M
 from k25exp.report.charts import make_plots
 from k25exp.report.figures import Figure, Section
@@ -138,67 +138,6 @@ def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pat
     return "\n".join(lines) + "\n"
 
 
-# ----------------------------------------------------------------------------------------
-# HTML (self-contained: plots inlined as base64 PNG)
-
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.6em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.missing{color:#b00}.note{color:#555;font-size:.9em}
-img{max-width:100%}code{background:#f3f3f3;padding:0 .2em}"""
-
-
-def _h(v: Any, ui_url: str, unit: str = "") -> str:
-    if isinstance(v, RunView):
-        return f'<a href="{html.escape(run_url(ui_url, v))}">{v.short}</a>'
-    s = html.escape(fmt(v, unit))
-    return f'<span class="missing">{s}</span>' if v is None else s
-
-
-def _h_runs(runs: Sequence[RunView], ui_url: str) -> str:
-    return ", ".join(_h(r, ui_url) for r in runs)
-
-
-def _h_figs(figs: Sequence[Figure], ui_url: str) -> list[str]:
-    out = ["<table><tr><th>figure</th><th>value</th><th>runs</th><th>note</th></tr>"]
-    for f in figs:
-        val = (_h(f.value, ui_url, f.unit) +
-               ("" if f.unit in ("%", "pp", "pct", "×", "") or f.value is None else f" {f.unit}"))
-        note = f.missing if f.value is None else f.note
-        out.append(f"<tr><td>{html.escape(f.label)}</td><td>{val}</td><td>{_h_runs(f.runs, ui_url)}"
-                   f"</td><td class=note>{html.escape(note)}</td></tr>")
-    return out + ["</table>"]
-
-
-def html_page(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Path],
-              ui_url: str, generated: str) -> str:
-    out = ["<!doctype html><html><head><meta charset=utf-8>",
-           f"<title>k25exp report {html.escape(c.id)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>k25exp campaign report: {html.escape(c.id)}</h1>",
-           f"<p class=note>Store <code>{html.escape(c.uri)}</code>, {len(c.runs)} phase runs; "
-           f"generated {html.escape(generated)}. Run links open in <code>k25exp ui</code> "
-           f"({html.escape(ui_url)}).</p>", "<h2>Headline</h2>"]
-    out += _h_figs(headline(sections), ui_url)
-    out += [f"<p><b>{html.escape(n)}</b></p>" for n in headline_notes(sections)]
-    for s in sections:
-        out.append(f"<h2>{html.escape(s.title)}</h2>")
-        out += _h_figs(s.figures, ui_url)
-        if s.notes:
-            out.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in s.notes) + "</ul>")
-        if s.title in plot_files:
-            b64 = base64.b64encode(plot_files[s.title].read_bytes()).decode()
-            out.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{b64}">')
-        for t in s.tables:
-            out.append(f"<h3>{html.escape(t.title)}</h3><table><tr>" +
-                       "".join(f"<th>{html.escape(x)}</th>" for x in t.columns) + "</tr>")
-            out += ["<tr>" + "".join(f"<td>{_h(v, ui_url)}</td>" for v in row) + "</tr>"
-                    for row in t.rows]
-            out.append("</table>")
-            if t.note:
-                out.append(f"<p class=note>{html.escape(t.note)}</p>")
-    out.append("</body></html>")
-    return "\n".join(out)
-
-
 def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,
           generated: str) -> tuple[Path, Path, Optional[str]]:
     folder.mkdir(parents=True, exist_ok=True)
@@ -206,6 +145,6 @@ def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,
     md = folder / "report.md"
     md.write_text(markdown(c, sections, plot_files, ui_url, folder, generated))
     page = folder / "report.html"
-    page.write_text(html_page(c, sections, plot_files, ui_url, generated))
+    page.write_text(html_page.render(md.read_text(), f"k25exp report {c.id}", folder))
     caveats = "".join(f"\nNOTE: {n}" for n in headline_notes(sections))
     return md, page, headline_text(headline(sections)) + caveats

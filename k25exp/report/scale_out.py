@@ -1,7 +1,7 @@
 """TPOT at TP N predicted from one TP-N rank served on one device, plus the step's collectives.
 
 A campaign of `model.tp_rank_of=N` serves, on one device, exactly the layers one of N
-tensor-parallel ranks runs (k25exp.serving.tp_rank). Its engine TPOT at concurrency c is that
+tensor-parallel ranks runs (k25exp.model.tp_rank). Its engine TPOT at concurrency c is that
 rank's decode step without communication. At TP N every step also runs the collectives vLLM
 issues at TP N: one all-reduce after the vocab-parallel embedding, two per layer, and the
 logits all-gather (2 × num_hidden_layers + 2 ops). So, per macro level c:

@@ -7,7 +7,8 @@ from pathlib import Path
 from k25exp import plots, tables
 from k25exp.collectives.results import bandwidths
 from k25exp.collectives.spec import Point
-from k25exp.config.schema import AllReduceSweepConfig, K25Config
+from k25exp.config.experiments import AllReduceSweepConfig
+from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
 from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder

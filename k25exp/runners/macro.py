@@ -9,8 +9,8 @@ Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer'
 With experiment.reset_prefix_cache (a dev endpoint: loopback servers only, unless opted in),
 the prefix cache is reset before phase 2 and before every level, so no level reuses another's
 prompts' KV; the tag `prefix_cache` says what actually happened. Each phase is flagged invalid when the client lagged or when
-tokens reached it late in a burst (a delivery stall, k25exp.serving.stalls); its figures are
-logged all the same, with the TPOT of the requests no stall touched beside them. Figure definitions: k25exp.serving.figures and .server_metrics.
+tokens reached it late in a burst (a delivery stall, k25exp.load.stalls); its figures are
+logged all the same, with the TPOT of the requests no stall touched beside them. Figure definitions: k25exp.load.level_figures and .server_metrics.
 
 Artifacts: requests.jsonl (one line per request, every phase), results.txt/.csv (one row per
 level), plots/, server.log (the server's log over this job). A server that dies ends the job
@@ -18,6 +18,9 @@ with its log tail, after logging the levels already measured.
 
 Here: the job's order of phases. One phase's requests and figures: macro_phases; the table,
 summary and plots: macro_results.
+
+Long because the phases share one event loop and one set of open connections; the
+results (table, summary, recovery) are in macro_results.py, the level loop in macro_phases.py.
 """
 
 from __future__ import annotations
@@ -31,19 +34,21 @@ from pathlib import Path
 
 import httpx
 
-from k25exp.config.schema import K25Config, MacroConfig
+from k25exp.config.experiments import MacroConfig
+from k25exp.config.schema import K25Config
 from k25exp.runners.macro_phases import Phases, completed, max_in_flight
 from k25exp.runners.macro_results import finish, row
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
-from k25exp.serving import admin, loops, repeats
-from k25exp.serving.client import CompletionClient
+from k25exp.load import loops, repeats
+from k25exp.serving import admin
+from k25exp.load.client import CompletionClient
 from k25exp.serving.endpoint import Connection
 from k25exp.serving.errors import ServerDied, ServerError
-from k25exp.serving.figures import describe_invalid
-from k25exp.serving.progress import Progress
-from k25exp.serving.prompts import PromptBuilder, load_tokenizer
+from k25exp.load.level_figures import describe_invalid
+from k25exp.load.progress import Progress
+from k25exp.load.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.registry import release
-from k25exp.serving.shards import CHUNKS_PER_PROCESS
+from k25exp.load.shards import CHUNKS_PER_PROCESS
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)

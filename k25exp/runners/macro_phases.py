@@ -3,8 +3,8 @@ sent by the client, and its figures, with the server's view merged and the recor
 
 A phase's raw result is the client's: the request records, wall and CPU time, the event
 loop's lag. A level whose load one event loop cannot keep up with is sent by several client
-processes as one load (experiment.client_processes; k25exp.serving.shards), its records merged
-into the same requests.jsonl and figures, the client's health judged per process. `figures()` turns it into the level's figures (k25exp.serving.figures) once the
+processes as one load (experiment.client_processes; k25exp.load.shards), its records merged
+into the same requests.jsonl and figures, the client's health judged per process. `figures()` turns it into the level's figures (k25exp.load.level_figures) once the
 server's own counters for it are known, and only then writes its records to requests.jsonl:
 no disk I/O in the event loop while a phase is timed.
 """
@@ -18,14 +18,14 @@ from typing import BinaryIO, Callable, Optional
 
 import orjson
 
-from k25exp.config.schema import MacroConfig
-from k25exp.serving.arrivals import schedule
-from k25exp.serving.client import CompletionClient, run_level, run_open_level
+from k25exp.config.experiments import MacroConfig
+from k25exp.load.arrivals import schedule
+from k25exp.load.client import CompletionClient, run_level, run_open_level
 from k25exp.serving.endpoint import Connection
-from k25exp.serving.figures import goodput, level_figures, rate_figures, tpot_gap_pct
-from k25exp.serving.progress import Progress
-from k25exp.serving.shards import ShardPool, Prompts, auto_processes
-from k25exp.serving.stalls import StallRule
+from k25exp.load.level_figures import goodput, level_figures, rate_figures, tpot_gap_pct
+from k25exp.load.progress import Progress
+from k25exp.load.shards import ShardPool, Prompts, auto_processes
+from k25exp.load.stalls import StallRule
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Phases:
 
     async def _run_processes(self, P: int, name: str, level: float, c: int, n: Optional[int],
                              duration: Optional[float], first_prompt: int, due, on_record) -> dict:
-        """The phase over P client processes (k25exp.serving.shards): each gets the prompts it
+        """The phase over P client processes (k25exp.load.shards): each gets the prompts it
         may send (a count: the texts; a duration: the prompt builder), one start time."""
         exp = self.exp
         if self.pool is None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from k25exp import plots, tables
 from k25exp.collectives.spec import Point
 from k25exp.collectives.step import decode_step_ops, uniform_ops
-from k25exp.config.schema import K25Config, NcclBurstConfig
+from k25exp.config.experiments import NcclBurstConfig
+from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
 from k25exp.runners.collective import finish, make_spec, measure
 from k25exp.tracking.recorder import Recorder

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from k25exp import plots, tables
-from k25exp.config.schema import K25Config, SloSearchConfig
+from k25exp.config.experiments import SloSearchConfig
+from k25exp.config.schema import K25Config
 from k25exp.runners import macro
 from k25exp.tracking.recorder import MemoryRecorder, Recorder
 

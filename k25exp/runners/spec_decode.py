@@ -24,7 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from k25exp import tables
-from k25exp.config.schema import K25Config, SpecDecodeConfig
+from k25exp.config.experiments import SpecDecodeConfig
+from k25exp.config.schema import K25Config
 from k25exp.runners import macro
 from k25exp.serving import server as srv_mod
 from k25exp.serving.speculative import describe, speculative_config

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from k25exp.config.schema import SpecDecodeConfig
+from k25exp.config.experiments import SpecDecodeConfig
 
 # Methods that need no draft model: the draft_model field is ignored for them.
 MODEL_FREE = ("ngram", "ngram_gpu", "suffix")

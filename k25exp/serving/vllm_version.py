@@ -24,8 +24,8 @@ Identical in 0.26.0 and 0.32.0, so one path for every supported release:
   max_iterations); k25exp sends none, which both accept;
 - the decode-step annotation execute_context_<n>(<tokens>)_generation_<n>(<tokens>) and the
   traces' *.pt.trace.json.gz names (0.32 can prefix them per session; k25exp does not ask).
-- VLLM_RPC_TIMEOUT, which conf/experiment/profile.yaml sets for /stop_profile, is read by
-  neither release (a V0 setting): harmless, and not what bounds /stop_profile.
+- VLLM_RPC_TIMEOUT (conf/experiment/profile.yaml set it for /stop_profile until 2026-12) is read by
+  neither release (a V0 setting; vLLM logs it as unknown): k25exp no longer sets it.
 
 Different (PATHS below): the entry point's status, and the kernel that runs Kimi's router
 GEMM on Hopper, which changes op names in GPU traces (both land in gemm_dense under

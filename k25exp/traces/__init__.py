@@ -23,7 +23,7 @@ from k25exp.traces.breakdown import (
 )
 from k25exp.traces.comm_split import CommSplit, RankSplit
 from k25exp.traces.reader import Trace, TraceError, read_trace
-from k25exp.traces.report import summary_text, write_outputs
+from k25exp.traces.outputs import summary_text, write_outputs
 from k25exp.traces.rules import Rules, RulesError, default_rules_path, load_rules
 from k25exp.traces.steps import StepInfo, parse_step_name
 

@@ -25,6 +25,10 @@ With the traces of ≥ 2 ranks of one host, each collective call is also split i
 spent waiting for the last rank to arrive and the rest, transport (k25exp.traces.comm_split):
 share_comm_wait / share_comm_transport are % of the same step time, but of the calls' raw
 durations, not of the exposed time above, so they are not part of the 100 %.
+
+Long because the per-rank breakdown, its result types and the cross-rank figures form one
+analysis; the cross-rank split (comm_split), gloo's worker spans (gloo), the reader and
+the rules are modules of their own.
 """
 
 from __future__ import annotations

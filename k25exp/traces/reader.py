@@ -1,6 +1,6 @@
 """Streaming reader for Kineto / Chrome trace JSON (`.json` or `.json.gz`, one file per rank).
 
-Strategy, chosen by measurement (k25exp/benchmarks/trace_analyzer_bench.py; on a 51 MB .json.gz of
+Strategy, chosen by measurement (benchmarks/trace_analyzer_bench.py; on a 51 MB .json.gz of
 2.7 M events, per 16 MiB of JSON: orjson 0.31 s, msgspec typed 0.075 s, ijson far slower):
 
 * A background thread reads and gunzips the file (zlib releases the GIL, so inflating
@@ -20,6 +20,9 @@ Strategy, chosen by measurement (k25exp/benchmarks/trace_analyzer_bench.py; on a
 
 Errors (missing, truncated or corrupt file, JSON without a `traceEvents` array, a trace with
 no usable events) raise TraceError, whose message starts with the file's path.
+
+Long because the chunked, validated streaming parse is one performance-critical path (see
+the measurements below); splitting its parts would scatter one algorithm.
 """
 
 from __future__ import annotations

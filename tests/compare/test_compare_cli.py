@@ -95,11 +95,13 @@ def compare(uri, tmp, *args, subprocess_cli=True):
 
 
 def _in_process(argv):
+    import importlib
+
     from k25exp.cli import SUBCOMMANDS
 
     o, e = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-        rc = SUBCOMMANDS[argv[0]](argv[1:])
+        rc = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     return Done(rc, o.getvalue(), e.getvalue())
 
 
@@ -191,7 +193,7 @@ def test_ui_links_open_the_model_training_view_and_experiments_are_described(sto
 
     from mlflow.tracking import MlflowClient
 
-    from k25exp.config.schema import MacroConfig
+    from k25exp.config.experiments import MacroConfig
 
     uri, tmp, ids = store
     p = _in_process(["ui", "--links-only", "--uri", uri])

@@ -74,7 +74,7 @@ def test_report_page_renders_with_its_plot(browser, store, tmp_path):
 def test_compare_page_renders_with_its_plot(browser, store, tmp_path):
     from k25exp.compare import render
     from k25exp.compare.resolve import Pair, Side
-    from k25exp.compare.stats import compare_samples
+    from k25exp.compare.significance import compare_samples
     from k25exp.compare.table import Comparison, Row
 
     client, (a, b) = store

@@ -8,7 +8,7 @@ it with the argv it builds for vLLM. It reads --host, --port, --served-model-nam
 --api-key (or VLLM_API_KEY, as vLLM does) and ignores the rest; binds the port or exits 1
 with "Address already in use" as vLLM does; answers /health, /v1/models, /metrics, streaming
 /v1/completions, /reset_prefix_cache (only with VLLM_SERVER_DEV_MODE=1), /version, with
-k25exp.serving.stub_server. It prints whether HF_TOKEN is set (never its value).
+tests.serving.stub_server. It prints whether HF_TOKEN is set (never its value).
 
 Behaviour on request, by environment (server.env):
   FAKE_VLLM_EXIT_EARLY=<code>  print an error and exit with that code before binding
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from k25exp.serving.stub_server import StubServer
+from tests.serving.stub_server import StubServer
 
 
 def _worker() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from k25exp.config.schema import MacroConfig
+from k25exp.config.experiments import MacroConfig
 from k25exp.config.validate import ConfigError, to_typed
 from tests.conftest import compose_cfg
 

@@ -148,7 +148,7 @@ def test_levels_sent_by_several_client_processes_merge_into_one_record_and_figur
     assert rec.latest("client_processes") == {2: 2.0, 6: 3.0}
     assert rec.latest("client_failures") == {2: 0.0, 6: 0.0}
     assert "3 client process(es) per level" in rec.tags["macro.client"]
-    assert "sockets: asyncio protocol (k25exp.serving.sockets)" in rec.tags["macro.client"]
+    assert "sockets: asyncio protocol (k25exp.load.sockets)" in rec.tags["macro.client"]
     recs = [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
     assert {r["shard"] for r in recs if r["phase"] != "sweep"} == {0}
     for c, procs in ((2, 2), (6, 3)):

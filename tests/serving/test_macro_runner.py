@@ -150,7 +150,7 @@ def test_client_and_server_agree_where_nothing_held_tokens_back(macro, record_pr
     not lag, the client's TPOT over the requests no delivery stall touched (mean or median:
     one late last chunk moves a mean of a few requests, not both) is the engine's own mean
     within 20 % + 1 ms. The exactness of the client's definitions is proven against the stub
-    server (tests/serving/test_client.py); this catches a gross disagreement on the real one.
+    server (tests/load/test_client.py); this catches a gross disagreement on the real one.
     A run where no phase could be compared is an xfail naming why, never a pass or a silent
     skip, and the junit property client_server_compared counts the phases compared."""
     _, rec, summary = macro

@@ -18,7 +18,7 @@ import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.serving import server
-from k25exp.serving.client import CompletionClient
+from k25exp.load.client import CompletionClient
 from tests.conftest import compose_cfg
 from tests.serving.helpers import fake_marks, fake_model, fake_overrides, orphans, vllm_processes
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k25exp.config.schema import SpecDecodeConfig
+from k25exp.config.experiments import SpecDecodeConfig
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.serving.speculative import self_draft_checkpoint, speculative_config
 from tests.conftest import compose_cfg

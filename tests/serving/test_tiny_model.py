@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 
 from k25exp.serving import tiny_model
-from k25exp.serving.prompts import load_tokenizer
+from k25exp.load.prompts import load_tokenizer
 from tests.conftest import ROOT, compose_cfg, warm_python
 
 SMALL = ["model=tiny_kimi", "model.num_hidden_layers=2", "model.n_routed_experts=4",

@@ -163,7 +163,7 @@ def test_gzipped_non_trace(tmp_path):
 
 
 def test_core_imports_without_torch_hydra_mlflow():
-    code = ("import sys, k25exp.traces, k25exp.traces.report; "
+    code = ("import sys, k25exp.traces, k25exp.traces.outputs; "
             "bad = [m for m in ('torch', 'hydra', 'mlflow', 'omegaconf') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,7 +1,7 @@
 """The HTTP client and the figures, against a loopback server that misbehaves on request.
 
 A healthy vLLM never sends a malformed chunk or cuts a stream, so those paths are exercised
-with k25exp.serving.stub_server (a real HTTP server streaming real SSE). Figures are checked
+with tests.serving.stub_server (a real HTTP server streaming real SSE). Figures are checked
 against records whose chunk times are known.
 """
 
@@ -13,9 +13,9 @@ import time
 import pytest
 
 from k25exp.serving import server_metrics
-from k25exp.serving.client import CompletionClient, finish, run_level
-from k25exp.serving.figures import level_figures, saturation, tpot_gap_pct
-from k25exp.serving.stub_server import StubThread
+from k25exp.load.client import CompletionClient, finish, run_level
+from k25exp.load.level_figures import level_figures, saturation, tpot_gap_pct
+from tests.serving.stub_server import StubThread
 
 
 @pytest.fixture(scope="module")

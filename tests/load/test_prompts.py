@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from k25exp.serving.prompts import PromptBuilder, count_tokens, load_tokenizer
+from k25exp.load.prompts import PromptBuilder, count_tokens, load_tokenizer
 from k25exp.serving.tiny_model import write_tokenizer
 
 

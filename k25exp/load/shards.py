@@ -1,7 +1,7 @@
 """One phase of load sent by several client processes (experiment.client_processes).
 
 One event loop keeps up with a few thousand streamed chunks a second (measured:
-k25exp.benchmarks.client_capacity); a GPU serving 256 streams sends more. So the load is split
+benchmarks.client_capacity); a GPU serving 256 streams sends more. So the load is split
 over P worker processes, each with its own event loop and connections, and stays ONE load:
   closed loop  the C workers are dealt round-robin (shard p runs workers p, p + P, ...; a
                ramp starts worker w at w × ramp_s / C whichever process runs it), and every
@@ -21,6 +21,9 @@ client's health is judged per process (the busiest one's CPU, the laggiest one's
 never averaged away. A process that fails is reported: the requests it had claimed and not
 finished become failed records naming it, the phase's `client_failures` counts it, and the
 next phase starts a fresh one.
+
+Long because the parent's side (one schedule, merging, failures) and the child process's
+side of one protocol are read together.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def split(total: int, parts: int) -> list[int]:
 
 
 class SharedCounter:
-    """The closed loop's next request index, in shared memory (k25exp.serving.client.Counter's
+    """The closed loop's next request index, in shared memory (k25exp.load.client.Counter's
     interface): claimed under a lock, a few microseconds per request."""
 
     def __init__(self, ctx) -> None:
@@ -83,8 +86,8 @@ class Prompts:
 
 def _serve(conn, counter: SharedCounter, stop, client_kw: dict, loop_name: str) -> None:
     """A worker process: runs the phases it is sent, one at a time, until told to close."""
-    from k25exp.serving import loops
-    from k25exp.serving.client import CompletionClient, run_level, run_open_level
+    from k25exp.load import loops
+    from k25exp.load.client import CompletionClient, run_level, run_open_level
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     loop = loops.new_event_loop(loop_name)
@@ -384,8 +387,8 @@ def available_cpus() -> int:
 
 
 # What auto gives one process, in streamed chunks a second. Measured on this project's 2-core
-# development VM (k25exp.benchmarks.client_capacity: the stub's step engine, 64-token requests,
-# uvloop, lanes on k25exp.serving.sockets; 2 runs): one process stayed unflagged up to
+# development VM (benchmarks.client_capacity: the stub's step engine, 64-token requests,
+# uvloop, lanes on k25exp.load.sockets; 2 runs): one process stayed unflagged up to
 # 21,700-22,700 chunks/s at C = 128 (CPU 0.74-0.83 of a core) and was flagged at C = 256 from
 # 20,400 (CPU 0.93-0.97: 256 requests ending on one step are sent again at once); at 11,500-
 # 11,900 it used half a core. 8,000 keeps a process near a third of a core, with room for those

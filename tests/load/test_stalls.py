@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from k25exp.serving import stalls
-from k25exp.serving.client import CompletionClient, finish, run_level
-from k25exp.serving.figures import invalid_reason, level_figures
-from k25exp.serving.stalls import Stall, StallRule, find_stalls
-from k25exp.serving.stub_server import StubThread
+from k25exp.load import stalls
+from k25exp.load.client import CompletionClient, finish, run_level
+from k25exp.load.level_figures import invalid_reason, level_figures
+from k25exp.load.stalls import Stall, StallRule, find_stalls
+from tests.serving.stub_server import StubThread
 
 STEP = 0.030  # a 30 ms decode step
 

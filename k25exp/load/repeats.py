@@ -27,7 +27,7 @@ def pool(results: Sequence[dict]) -> dict:
            "repeats": list(results)}
     if results[0].get("rate") is not None:  # open loop: each repeat keeps its own schedule
         out["rate"] = results[0]["rate"]
-    # several client processes (k25exp.serving.shards): each process's loop lag across the
+    # several client processes (k25exp.load.shards): each process's loop lag across the
     # repeats, and every process that failed
     by_proc = [res.get("loop_lag_ms_by_process") for res in results]
     if all(b is not None and len(b) == len(by_proc[0]) for b in by_proc):

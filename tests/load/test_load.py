@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from k25exp.serving.arrivals import rate_of, schedule
-from k25exp.serving.client import CompletionClient, run_level, run_open_level
-from k25exp.serving.figures import goodput, level_figures, rate_figures
-from k25exp.serving.stub_server import StubThread
+from k25exp.load.arrivals import rate_of, schedule
+from k25exp.load.client import CompletionClient, run_level, run_open_level
+from k25exp.load.level_figures import goodput, level_figures, rate_figures
+from tests.serving.stub_server import StubThread
 from k25exp.stats import bootstrap_ci, suppressed
 
 

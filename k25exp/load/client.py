@@ -1,11 +1,11 @@
 """The load generator: streaming OpenAI completions over httpx.
 
 One event loop, one keep-alive connection per request in flight (a *lane*, reused by the next
-request; plain HTTP read through k25exp.serving.sockets), one request per worker at a time
+request; plain HTTP read through k25exp.load.sockets), one request per worker at a time
 (closed loop): a level of concurrency C runs C workers, each sending its next request as soon
 as its previous one finished. That moment is the request's *scheduled* send time; the moment
 the client actually sends it is its *sent* time, and the difference is the client's send lag.
-Several processes can run one level together (k25exp.serving.shards): run_level and
+Several processes can run one level together (k25exp.load.shards): run_level and
 run_open_level then take their share of it and the shared start. The other sign of a saturated client is its event loop waking late
 (LoopLag): chunk arrival times are then stamped late, inflating TTFT, ITL and TPOT.
 
@@ -14,6 +14,9 @@ sent time (seconds from the run's start), HTTP status, error, each streamed chun
 time (seconds after sending) and token count, the server's `usage`, malformed chunks seen.
 Chunks are parsed cheaply: lines split on bytes, `orjson` on the `data:` payload only.
 HTTP errors, timeouts and malformed chunks are recorded, never raised.
+
+Long because the closed and open loops share one request path, one lane pool and the
+same record fields, which a split would pull apart.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import httpx
 import orjson
 
 from k25exp.serving.launch import auth_headers
-from k25exp.serving.sockets import use_asyncio_sockets
+from k25exp.load.sockets import use_asyncio_sockets
 
 DONE = b"[DONE]"
 
@@ -58,14 +61,14 @@ class CompletionClient:
                              verify=httpx.create_ssl_context())
         self._free: list[httpx.AsyncClient] = []
         self._lanes: set[httpx.AsyncClient] = set()
-        # plain HTTP over k25exp.serving.sockets (half the CPU per chunk); TLS stays httpx's
+        # plain HTTP over k25exp.load.sockets (half the CPU per chunk); TLS stays httpx's
         self._asyncio_sockets = base_url.startswith("http://")
         self.http = self._new_client(4)
 
     @property
     def socket_layer(self) -> str:
         """What moves the bytes, for the run's tag."""
-        return ("asyncio protocol (k25exp.serving.sockets)" if self._asyncio_sockets
+        return ("asyncio protocol (k25exp.load.sockets)" if self._asyncio_sockets
                 else "httpx's default (anyio)")
 
     def _new_client(self, connections: int) -> httpx.AsyncClient:
@@ -279,7 +282,7 @@ class LoopLag:
 
 class Counter:
     """The next request index of a closed loop: in-process, or shared between processes
-    (k25exp.serving.shards passes one backed by shared memory)."""
+    (k25exp.load.shards passes one backed by shared memory)."""
 
     def __init__(self) -> None:
         self.value = 0
@@ -322,7 +325,7 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
     `n_requests`, or when `duration_s` has passed (requests in flight finish), or when
     `should_stop()` says so. ramp_s staggers the start: worker w sends its first request at
     w × ramp_s / concurrency, so rounds do not move in lockstep (0: all at once).
-    A shard of a loop that several processes run (k25exp.serving.shards) runs only
+    A shard of a loop that several processes run (k25exp.load.shards) runs only
     `workers` (of 0 … concurrency − 1), takes request indices from the shared `counter`
     and starts at the shared `start_at`: together the shards run this one loop (`shard`
     names the process in each record).
@@ -374,11 +377,11 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
                          indices: Optional[Sequence[int]] = None,
                          start_at: Optional[float] = None, shard: int = 0) -> dict:
     """Open loop: request i is due at due_s[i] seconds after the level starts, whatever the
-    responses do (k25exp.serving.arrivals draws the schedule). With max_concurrency (the macro
+    responses do (k25exp.load.arrivals draws the schedule). With max_concurrency (the macro
     runner always gives one: experiment.max_concurrency, else its own cap of 256), a due
     request waits in the client for a free slot: that wait is its queue_ms, and counts in its
     latency from the scheduled send (ttft_sched, e2e_sched) but not in its lag_ms (the client's
-    own lateness, which flags a level). A shard (k25exp.serving.shards) sends only the
+    own lateness, which flags a level). A shard (k25exp.load.shards) sends only the
     requests `indices` of the one schedule, from the shared `start_at`, under its own share
     of the cap. Returns as run_level, plus "due_s" (the whole schedule)."""
     records: list[dict] = []

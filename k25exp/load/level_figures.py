@@ -37,13 +37,15 @@ Per level (requests that failed count in `errors` only):
                    max_client_lag_ms, or client_cpu_util above 0.9 (one event loop near a full
                    core): the level measured the client, not the server
     delivery_stalls, stalled_requests, delivery_stall_ms_max, delivery_stall_ms_total
-                   tokens made on time but delivered late in a burst (k25exp.serving.stalls)
+                   tokens made on time but delivered late in a burst (k25exp.load.stalls)
     tpot_ms_mean_no_stalls, tpot_ms_p50_no_stalls, tpot_n_no_stalls  TPOT over the requests
                    no stall touched (tpot_ms_* count every request: what users saw)
     valid          1 unless the client lagged or failed, or a delivery stall was seen; invalid_reason()
                    names which
     tpot_gap_pct   (client mean TPOT − server mean TPOT) / server's, % (tpot_gap_pct())
 Percentiles are linear interpolation between order statistics (numpy's default).
+
+Long because every per-level figure's definition sits beside its code, in one place.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from k25exp.serving import stalls
+from k25exp.load import stalls
 from k25exp.stats import bootstrap_ci, mean, min_samples, percentile
 
 MAX_CLIENT_CPU = 0.9  # of one core: beyond it the single event loop is the bottleneck
@@ -87,7 +89,7 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
                   spans: Sequence[tuple[float, float]] = ()) -> dict:
     """The level's figures; annotates each record with its `stalls` (stalls.mark), measured
     against `step_ref_s` (the engine's TPOT) when given, else the level's median TPOT.
-    Several client processes (k25exp.serving.shards): `cpu_s` is the busiest one's, the loop
+    Several client processes (k25exp.load.shards): `cpu_s` is the busiest one's, the loop
     lag figures the laggiest one's (`loop_lag_by_process`, each process's samples), and
     `client_failures` names the processes that failed: any flags the level. `spans`: the
     level's wall time(s) (start, end; s from the records' t0; one per repeat), for the
@@ -289,7 +291,7 @@ def rate_figures(records: Sequence[dict], due_s: Sequence[float], target: float,
     of n requests is ±1/√n off its mean), the rate the client actually sent at, and whether
     that is more than max_error (a fraction) off the schedule: then the level measured the
     client's pace, not the one asked for, and is flagged (`rate_missed`)."""
-    from k25exp.serving.arrivals import rate_of
+    from k25exp.load.arrivals import rate_of
 
     sched = rate_of(due_s)
     sent = rate_of([r["sent_s"] for r in records if r.get("sent_s") is not None])

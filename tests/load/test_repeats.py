@@ -2,7 +2,7 @@
 
 import pytest
 
-from k25exp.serving.repeats import pool, spread
+from k25exp.load.repeats import pool, spread
 
 
 def test_pool_concatenates_and_sums():

@@ -25,7 +25,7 @@ as vLLM does, /metrics gives vLLM's latency histograms (sum and count) over what
 It records when it wrote each token chunk (`writes`, perf_counter seconds, one list per
 completion request in arrival order), so a test knows the timing the client should measure.
 
-    python -m k25exp.serving.stub_server --port 8090 [--gap-ms 0 | --step-ms 10]
+    python -m tests.serving.stub_server --port 8090 [--gap-ms 0 | --step-ms 10]
 
 Plain asyncio and HTTP/1.1 keep-alive, no dependencies. Loopback only by default.
 """

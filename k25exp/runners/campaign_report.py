@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from k25exp.config.schema import K25Config, ReportConfig
+from k25exp.config.experiments import ReportConfig
+from k25exp.config.schema import K25Config
 from k25exp.report import (budget, expert_parallel, link, predict, provenance, reconcile, render,
                            scale_out, speculative)
 from k25exp.report import metrics as M

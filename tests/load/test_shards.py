@@ -1,4 +1,4 @@
-"""Several client processes sending one load (k25exp.serving.shards): one schedule across the
+"""Several client processes sending one load (k25exp.load.shards): one schedule across the
 processes, merged figures equal to the figures counted by hand from the merged records, a
 process that dies reported with what it had not finished. Against the stub server (a real
 HTTP server in this process's thread; the client processes are real spawned processes)."""
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from k25exp.serving.arrivals import schedule
-from k25exp.serving.figures import level_figures, rate_figures
-from k25exp.serving.shards import ShardPool, Prompts, auto_processes, split
-from k25exp.serving.stub_server import StubThread
+from k25exp.load.arrivals import schedule
+from k25exp.load.level_figures import level_figures, rate_figures
+from k25exp.load.shards import ShardPool, Prompts, auto_processes, split
+from tests.serving.stub_server import StubThread
 
 pytestmark = pytest.mark.e2e  # spawns client processes
 
@@ -219,7 +219,7 @@ def test_a_phase_is_sent_whole_on_a_pipe_the_event_loop_left_non_blocking():
     import multiprocessing as mp
     import threading
 
-    from k25exp.serving import shards
+    from k25exp.load import shards
 
     big = ("phase", {"prompts": [f"word{i} " * 400 for i in range(500)]})  # distinct: ~3 MB pickled
     for send, ok in ((lambda c, m: c.send(m), False), (shards._send, True)):

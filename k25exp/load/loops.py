@@ -1,7 +1,7 @@
 """The client's event loop: asyncio's own or uvloop (experiment.client_event_loop).
 
 uvloop runs the same coroutines with its socket and timer handling in C: measured here
-(k25exp.benchmarks.client_capacity) it takes 10-20 % less client CPU per streamed chunk than
+(benchmarks.client_capacity) it takes 10-20 % less client CPU per streamed chunk than
 asyncio's loop. `auto` picks it when it is importable (vLLM installs it), asyncio otherwise;
 `which()` says what a run actually got, for its tag.
 """

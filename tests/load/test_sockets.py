@@ -1,4 +1,4 @@
-"""The client's own socket layer under httpx (k25exp.serving.sockets), against raw loopback
+"""The client's own socket layer under httpx (k25exp.load.sockets), against raw loopback
 servers whose behaviour is known: keep-alive connections the server closes while idle, bodies
 larger than its read buffer in both directions, a refused connection."""
 
@@ -9,9 +9,9 @@ import asyncio
 import httpx
 import pytest
 
-from k25exp.serving.client import CompletionClient
+from k25exp.load.client import CompletionClient
 from k25exp.serving.ports import free_port
-from k25exp.serving.sockets import HIGH_WATER, AsyncioBackend
+from k25exp.load.sockets import HIGH_WATER, AsyncioBackend
 
 
 async def _serve(handler):
@@ -56,7 +56,7 @@ def test_a_keep_alive_connection_the_server_closed_while_idle_is_not_reused():
     async def go():
         server, url = await _serve(handler)
         async with server, httpx.AsyncClient(base_url=url) as http:
-            from k25exp.serving.sockets import use_asyncio_sockets
+            from k25exp.load.sockets import use_asyncio_sockets
 
             assert use_asyncio_sockets(http)
             r1 = await http.get("/a")
@@ -85,7 +85,7 @@ def test_bodies_beyond_the_read_buffer_arrive_whole_both_ways():
     async def go():
         server, url = await _serve(handler)
         async with server, httpx.AsyncClient(base_url=url) as http:
-            from k25exp.serving.sockets import use_asyncio_sockets
+            from k25exp.load.sockets import use_asyncio_sockets
 
             use_asyncio_sockets(http)
             async with http.stream("POST", "/", content=big_in) as r:
@@ -100,7 +100,7 @@ def test_bodies_beyond_the_read_buffer_arrive_whole_both_ways():
 def test_a_refused_connection_is_httpx_connect_error():
     async def go():
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{free_port()}") as http:
-            from k25exp.serving.sockets import use_asyncio_sockets
+            from k25exp.load.sockets import use_asyncio_sockets
 
             use_asyncio_sockets(http)
             await http.get("/")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from k25exp.compare import directions, stats
+from k25exp.compare import directions
+from k25exp.compare import significance as stats
 
 
 def test_mann_whitney_fully_separated_samples():

@@ -3,7 +3,7 @@
 httpx speaks HTTP through httpcore and h11 over a *network backend*; the default one (anyio)
 opens a cancel scope, asks sniffio which event loop runs and maps exceptions on every read,
 for every streamed chunk. This backend reads from a plain asyncio Protocol's buffer instead:
-measured with k25exp.benchmarks.client_capacity's setup (C = 64 streams, a chunk every 10 ms,
+measured with benchmarks.client_capacity's setup (C = 64 streams, a chunk every 10 ms,
 uvloop, 3 alternated runs) it took 39-47 µs of client CPU per chunk against 69-83 µs with
 anyio. HTTP is still httpx's, httpcore's and h11's: requests, responses, keep-alive and errors
 are theirs; only the bytes move differently.
