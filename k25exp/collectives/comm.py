@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from k25exp.collectives.spec import COMMUNICATORS
+
 
 class TorchComm:
     name = "torch"
@@ -115,4 +117,4 @@ def make_comm(name: str, rank: int, world: int, local_rank: int, backend: str):
         return TorchComm()
     if name == "vllm":
         return VllmComm(rank, world, local_rank, backend)
-    raise ValueError(f"communicator={name!r}: expected torch or vllm")
+    raise ValueError(f"communicator={name!r}: expected one of {', '.join(COMMUNICATORS)}")

@@ -53,6 +53,9 @@ class CollectiveSpec:
     # runs: the CPU build's shared-memory all-reduce, the GPU build's custom all-reduce /
     # symmetric memory / pynccl), set up by vLLM's distributed init in every rank.
     communicator: str = "torch"
+    # CPU: each local rank's CPUs (rank r runs on rank_cpus[r], torch with that many threads),
+    # as vLLM's CPU server binds its TP workers; None: unbound.
+    rank_cpus: Optional[list] = None
     extra: dict = field(default_factory=dict)
 
     def dump(self, path: Path) -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STEP_OPS = ("all_reduce", "all_gather", "gather")
+# How vLLM gathers the logits (all_gather on every platform but a few, which gather).
+LOGITS_OPS = ("all_gather", "gather")
+STEP_OPS = ("all_reduce", *LOGITS_OPS)
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,8 @@ class StepOp:
 
 def decode_step_ops(hidden_size: int, num_layers: int, vocab_size: int, tp: int, tokens: int,
                     dtype_bytes: int, logits_op: str = "all_gather") -> list[StepOp]:
-    if logits_op not in ("all_gather", "gather"):
-        raise ValueError(f"logits_op={logits_op!r}: expected all_gather or gather")
+    if logits_op not in LOGITS_OPS:
+        raise ValueError(f"logits_op={logits_op!r}: expected one of {', '.join(LOGITS_OPS)}")
     if vocab_size % tp:
         raise ValueError(f"vocab_size={vocab_size} is not divisible by tp={tp}")
     h = hidden_size * tokens

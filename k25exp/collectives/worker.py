@@ -18,6 +18,9 @@ Timing (host clock, time.perf_counter_ns, on every rank; the reader takes the sl
 - graph (CUDA): the burst captured once in a CUDA graph; one replay timed like a burst.
 Correctness is checked outside the timed loops, as nccl-tests does with -c: fresh inputs
 whose reduction is exact in every supported dtype, one op, compare on every rank.
+
+Long because it is the one file torchrun runs in every rank: point setup, the four timing
+modes and the correctness check must travel together (torch only, no k25exp config).
 """
 
 from __future__ import annotations
@@ -236,6 +239,7 @@ def env_record(rank: int, world: int, device: torch.device, backend: str) -> dic
             "host": socket.gethostname(), "device": str(device), "device_name": name,
             "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
             "threads": torch.get_num_threads(),
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "nccl_env": redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")})}
 
 
@@ -279,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if spec.rank_cpus and local_rank < len(spec.rank_cpus):  # placed as the server's workers
+        os.sched_setaffinity(0, spec.rank_cpus[local_rank])
+        torch.set_num_threads(len(spec.rank_cpus[local_rank]))
     if spec.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

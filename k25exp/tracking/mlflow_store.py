@@ -7,19 +7,20 @@ Hydra's basic launcher runs in one process; explicit run ids don't.
 from __future__ import annotations
 
 import errno
-import fcntl
 import re
 import threading
 import time
 from pathlib import Path
 from typing import Mapping, Optional
 
+from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from k25exp.tracking import ui_view
 from k25exp.tracking.sqlite_schema import check_store
+from k25exp.config.store import sqlite_path
 
 
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
@@ -32,54 +33,18 @@ def is_local(uri: str) -> bool:
     return uri.startswith(("sqlite:", "file:")) or "://" not in uri
 
 
-class StoreLock:
-    """Exclusive flock on a file beside the SQLite database, re-entrant in this process.
-
-    Re-entrant because recovery holds it across several calls (re-check the status, upload,
-    end the run) that each take it again; a thread lock in front keeps this process's threads
-    (the heartbeat) in turn, as flock alone would let them all through one open file.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._thread_lock = threading.RLock()
-        self._depth = 0
-        self._file = None
-
-    def __enter__(self) -> "StoreLock":
-        self._thread_lock.acquire()
-        if self._depth == 0:
-            try:
-                f = open(self.path, "a")
-                fcntl.flock(f, fcntl.LOCK_EX)
-            except BaseException:
-                self._thread_lock.release()
-                raise
-            self._file = f
-        self._depth += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._depth -= 1
-        try:
-            if self._depth == 0:
-                f, self._file = self._file, None
-                try:
-                    fcntl.flock(f, fcntl.LOCK_UN)
-                finally:
-                    f.close()
-        finally:
-            self._thread_lock.release()
-
-
-_locks: dict[str, StoreLock] = {}
+_locks: dict[str, FileLock] = {}
 _locks_guard = threading.Lock()
 
 
-def store_lock(lock_path: Path) -> StoreLock:
-    """The one StoreLock of this process for a lock file (every store object shares it)."""
+def store_lock(lock_path: Path) -> FileLock:
+    """The one lock of this process for a lock file beside the SQLite database (every store
+    object shares it): filelock's FileLock, an flock on Unix. Re-entrant within a thread
+    (recovery holds it across calls that each take it again); exclusive between this
+    process's threads (each holds its own handle: the heartbeat waits its turn) and between
+    processes."""
     with _locks_guard:
-        return _locks.setdefault(str(lock_path), StoreLock(lock_path))
+        return _locks.setdefault(str(lock_path), FileLock(str(lock_path)))
 
 
 class StoreFull(OSError):
@@ -102,7 +67,7 @@ def _is_full(e: BaseException) -> bool:
 
 
 class _SerialisedClient:
-    """MlflowClient whose calls hold the store's lock (StoreLock).
+    """MlflowClient whose calls hold the store's lock (store_lock).
 
     Jobs launched in parallel (joblib, submitit-local) share one SQLite file; SQLite allows
     one writer and MLflow's store gives up with "database is locked" under contention. Each
@@ -114,7 +79,7 @@ class _SerialisedClient:
         self._client, self._lock_path = client, lock_path
 
     @property
-    def lock(self) -> StoreLock:
+    def lock(self) -> FileLock:
         return store_lock(self._lock_path)
 
     def __getattr__(self, name: str):
@@ -153,8 +118,7 @@ class MlflowStore:
     def __init__(self, uri: str, artifact_root: Optional[str] = None):
         self.uri = uri
         self.artifact_root = artifact_root if is_local(uri) else None
-        if uri.startswith("sqlite:///"):
-            db = Path(uri[len("sqlite:///"):])
+        if (db := sqlite_path(uri)) is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
             lock_path = db.with_name(db.name + ".lock")
             # Constructing the store creates and migrates a fresh schema: under the same lock
@@ -211,7 +175,7 @@ class MlflowStore:
 
 def experiment_description(name: str) -> Optional[str]:
     """`k25exp/<experiment>`'s schema docstring (what it measures), else None."""
-    from k25exp.config.schema import EXPERIMENT_SCHEMAS
+    from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 
     cls = EXPERIMENT_SCHEMAS.get(name.split("/", 1)[-1]) if name.startswith("k25exp/") else None
     doc = (cls.__doc__ or "") if cls is not None else ""

@@ -32,7 +32,7 @@ def view_state(headline: Sequence[str], params: Sequence[str]) -> dict:
 
 def state_for(experiment: str) -> Optional[dict]:
     """The view of `k25exp/<experiment>`, from its schema's headline; None without one."""
-    from k25exp.config.schema import EXPERIMENT_SCHEMAS
+    from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 
     cls = EXPERIMENT_SCHEMAS.get(experiment.split("/", 1)[-1]) if experiment.startswith("k25exp/") else None
     if cls is None or not cls.headline:

@@ -1,6 +1,6 @@
 """Cross-check k25exp's CUDA GEMM timer against triton.testing.do_bench on the same calls.
 
-    python -m k25exp.benchmarks.gemm_vs_do_bench [--m 1 16 128] [--iters 100]
+    python -m benchmarks.gemm_vs_do_bench [--m 1 16 128] [--iters 100]
 
 Both flush L2 (256 MB) before every timed call and report the median. Prints one row per
 (shape, M): ours, do_bench's, and their difference. Needs CUDA and triton; torch only

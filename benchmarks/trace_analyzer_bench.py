@@ -29,7 +29,7 @@ HTA runs in its own venv (--hta-python, default .hta-venv/bin/python; create it 
 on a folder holding only this trace (HTA reads every trace file of a folder, one per rank,
 and takes the rank from the trace's distributedInfo).
 
-    .venv/bin/python -m k25exp.benchmarks.trace_analyzer_bench [--steps 1200] [--skip-hta]
+    .venv/bin/python -m benchmarks.trace_analyzer_bench [--steps 1200] [--skip-hta]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (k25exp/benchmarks/ → ..)
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (benchmarks/ → ..)
 
 CAPTURE = textwrap.dedent("""
     import sys, torch, torch.distributed as dist

@@ -1,9 +1,9 @@
 """How many streamed chunks per second k25exp's client keeps up with, per process count.
 
-    python -m k25exp.benchmarks.client_capacity --streams 64 128 256 --steps-ms 20 10 5 \
+    python -m benchmarks.client_capacity --streams 64 128 256 --steps-ms 20 10 5 \
         --processes 1 2 4 [--loop auto] [--runs 2] [--output-tokens 64]
 
-Against the stub server (k25exp.serving.stub_server) in its own process, in step mode: like
+Against the stub server (tests.serving.stub_server) in its own process, in step mode: like
 vLLM's engine, every step it writes the next chunk of every stream in flight (vLLM's
 completion chunk with continuous usage), so the load offered is streams / step chunks a
 second, TPOT is the step while the stub keeps up, and chunks of concurrent streams arrive
@@ -31,18 +31,18 @@ from statistics import mean, median
 
 import psutil
 
-from k25exp.serving import loops
-from k25exp.serving.client import CompletionClient, run_level
-from k25exp.serving.figures import level_figures
+from k25exp.load import loops
+from k25exp.load.client import CompletionClient, run_level
+from k25exp.load.level_figures import level_figures
 from k25exp.serving.ports import free_port
-from k25exp.serving.shards import ShardPool, Prompts
+from k25exp.load.shards import ShardPool, Prompts
 
 MAX_LAG_MS = 20.0  # the macro runner's default experiment.max_client_lag_ms
 
 
 def start_stub(step_ms: float) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "k25exp.serving.stub_server", "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "tests.serving.stub_server", "--port", str(port),
                           "--step-ms", str(step_ms)], stdout=subprocess.PIPE, text=True)
     p.stdout.readline()  # "stub completions server on ..."
     return p, f"http://127.0.0.1:{port}"

@@ -8,7 +8,7 @@
    the plain-torch grouped reference (k25exp.gemm.moe, named as such: not vLLM's fused
    kernel) against the old budget's estimate, one expert's bf16 GEMMs × top_k.
 
-    python -m k25exp.benchmarks.gpu_step_bench OUT_DIR [--tokens 1 8 64] [--batches 1 8 32 128]
+    python -m benchmarks.gpu_step_bench OUT_DIR [--tokens 1 8 64] [--batches 1 8 32 128]
 Writes OUT_DIR/gpu_step_bench.json and prints a summary.
 """
 

@@ -2,10 +2,10 @@
 load: TTFT, TPOT and throughput side by side.
 
     # open loop: Poisson arrivals at each rate, on the embedded tiny vLLM server
-    python -m k25exp.benchmarks.open_loop_vs_vllm_bench --rates 1 2 4 --requests 40 [--repeats 2]
+    python -m benchmarks.open_loop_vs_vllm_bench --rates 1 2 4 --requests 40 [--repeats 2]
     # closed loop (vLLM: --request-rate inf --max-concurrency C), k25exp with 1 and 2 client
     # processes, against the fake vLLM server's step engine (a token to every stream every 10 ms)
-    python -m k25exp.benchmarks.open_loop_vs_vllm_bench --load closed --concurrency 64 128 \
+    python -m benchmarks.open_loop_vs_vllm_bench --load closed --concurrency 64 128 \
         --server fake --fake-step-ms 10 --client-processes 1 2
 
 Both send prompts of exactly --input-len tokens (k25exp: whole-word prompts; vLLM: its random

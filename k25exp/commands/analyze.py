@@ -1,0 +1,40 @@
+"""`k25exp analyze TRACE...`: the decode-step breakdown of torch.profiler traces."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(args: list[str]) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="k25exp analyze",
+                                description="Where each decode step's time goes, from torch.profiler "
+                                            "traces (one per rank, .json or .json.gz).")
+    p.add_argument("traces", nargs="+", type=Path, help="trace files, or folders to search")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--rules", type=Path, help="classification rules YAML (default: conf/trace_rules/default.yaml)")
+    p.add_argument("--max-steps", type=int, help="analyse only the first N decode steps per rank")
+    p.add_argument("--out", type=Path, help="also write tables, plots and JSON into this folder")
+    p.add_argument("--top", type=int, default=30, help="rows of the top-kernels table")
+    a = p.parse_args(args)
+    from k25exp.runners.trace_breakdown import expand
+    from k25exp.traces import RulesError, TraceError, analyze, summary_text, write_outputs
+
+    try:
+        paths = expand([str(x) for x in a.traces], "*.pt.trace.json*")
+        if not paths:
+            raise FileNotFoundError(f"no trace found in {', '.join(map(str, a.traces))}")
+        analysis = analyze(paths, rules_path=a.rules, max_steps=a.max_steps)
+    except (TraceError, RulesError, FileNotFoundError) as e:
+        print(f"k25exp analyze: {e}", file=sys.stderr)
+        return 2
+    if a.out:
+        write_outputs(analysis, a.out, top=a.top)
+    if a.json:
+        print(json.dumps(analysis.to_dict(top=a.top), indent=1))
+    else:
+        print(summary_text(analysis))  # warnings included
+    return 0

@@ -1,0 +1,46 @@
+"""The package's layers and its forbidden imports (pyproject's [tool.importlinter]), checked by
+import-linter on the real package, and shown to catch a violation planted in a copy of it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT), "--config", str(ROOT / "pyproject.toml")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def have_linter():
+    if not LINT.exists():
+        pytest.skip("import-linter is not installed (the test extra brings it)")
+
+
+def test_the_package_keeps_its_layers(have_linter):
+    r = lint(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "Contracts: 4 kept, 0 broken." in r.stdout
+
+
+def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
+    """tracking importing runners (recover.py did, to recompute figures), planted in a copy."""
+    shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
+                    ignore=shutil.ignore_patterns("__pycache__", "conf"))
+    liveness = tmp_path / "k25exp" / "tracking" / "liveness.py"
+    liveness.write_text(liveness.read_text() + "\nimport k25exp.runners.macro  # planted\n")
+    r = lint(tmp_path)
+    assert r.returncode != 0
+    assert "tracking never imports runners" in r.stdout and "BROKEN" in r.stdout
+    assert "k25exp.tracking.liveness -> k25exp.runners.macro" in r.stdout
