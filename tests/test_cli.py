@@ -28,7 +28,7 @@ def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path
     """`k25exp ui` on a store with a macro run: the link it prints opens MLflow's runs table
     (in Chromium, where installed) with the macro headline figures as its metric columns, in
     the schema's order, and the run's values under them."""
-    from k25exp.config.schema import MacroConfig
+    from k25exp.config.experiments import MacroConfig
     from k25exp.tracking.mlflow_store import MlflowStore
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"

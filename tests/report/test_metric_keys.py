@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-import k25exp.runners.report as runner
+import k25exp.runners.campaign_report as runner
 from k25exp.config.validate import to_typed
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from k25exp.config.schema import ExternalBurst
+from k25exp.config.experiments import ExternalBurst
 from k25exp.report import metrics as M
 from k25exp.report.scale_out import scale_out
 from k25exp.report.sources import Campaign

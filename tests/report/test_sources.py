@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from k25exp.report.sources import ReportError, latest_campaign, load_campaign
-from k25exp.runners.report import folder_name
+from k25exp.runners.campaign_report import folder_name
 
 
 def test_latest_campaign_is_the_newest_phase_runs_not_a_report(tmp_path):

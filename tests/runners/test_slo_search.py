@@ -9,7 +9,7 @@ import pytest
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.runners import runner_for
 from k25exp.runners.slo_search import NoLoadMeetsSlo, Search, answer, verdict
-from k25exp.serving.figures import level_figures
+from k25exp.load.level_figures import level_figures
 from k25exp.serving import server
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
