@@ -63,11 +63,31 @@ def test_a_server_process_starts_capped():
     assert out.stdout.split() == ["False", "False", "True"], out.stderr[-2000:]
 
 
+def _child(code: str) -> subprocess.Popen:
+    """A fresh interpreter that runs `code`, says "ready" and waits (its maps stay readable)."""
+    p = subprocess.Popen([sys.executable, "-c", code + "\nprint('ready', flush=True)\n"
+                          "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+@pytest.mark.vllm  # loads vLLM's kernels in a child process
 def test_builds_reads_what_a_process_mapped():
-    # this test process never loads vLLM's CPU kernels: nothing mapped
-    assert vk.builds() == [] and vk.describe([]) == "none loaded"
+    bare = _child("import torch")  # torch alone: no vLLM kernel library mapped
+    try:
+        assert vk.builds(bare.pid) == []
+    finally:
+        bare.kill()
     assert vk.builds(2 ** 22 + 12345) == []  # no such process
-    assert vk.describe(["avx2", "avx512_bf16"]) == "avx2+avx512_bf16"
+    assert vk.describe([]) == "none loaded" and vk.describe(["avx2", "avx512_bf16"]) == "avx2+avx512_bf16"
+    pytest.importorskip("vllm")
+    if vk.native_level() is None:
+        pytest.skip("vLLM's CPU kernels need an x86 CPU with AVX2")
+    loaded = _child("from k25exp import vllm_kernels; vllm_kernels.load()")
+    try:  # the build vLLM picks for this CPU, and only it
+        assert vk.builds(loaded.pid) == [vk.native_level()]
+    finally:
+        loaded.kill()
 
 
 def test_the_cap_is_checked_against_the_cpu_and_the_device(monkeypatch):
