@@ -75,7 +75,7 @@ def expert_parallel(c: Campaign) -> Section:
                                   f"and {conc[flip]}){more}"))
     knee = a2a.metrics.get("knee_tokens_per_gpu")
     sec.figures.append(Figure(M.A2A_KNEE, knee, [a2a]) if knee is not None else
-                       missing(M.A2A_KNEE, f"none within the sweep: {a2a.tags.get('knee', '')}", [a2a]))
+                       missing(M.A2A_KNEE, a2a.tags.get("knee") or "none within the sweep", [a2a]))
     sec.plot = {"kind": "ep", "x": [r[0] for r in table.rows], "ep": [r[3] for r in table.rows],
                 "tp": [r[6] for r in table.rows]}
     return sec
