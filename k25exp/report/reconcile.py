@@ -60,13 +60,15 @@ def profile_ms(p: RunView, category: str) -> Optional[float]:
 class Micro:
     """The micro-benchmark estimate of each covered category at a concurrency (ms/step)."""
 
-    def __init__(self, c: Campaign):
+    def __init__(self, c: Campaign, served: Optional[Campaign] = None):
+        """`served`: the campaign whose server the burst stands in for (graph replay or eager
+        burst, as that server ran), when the bursts come from another campaign."""
         bursts = [r for r in c.of("nccl_burst") if r.param("experiment.ops_per_step") is None]
         self.burst_runs: dict[int, RunView] = {}
         for r in bursts:
             self.burst_runs.setdefault(r.param("experiment.tokens", int), r)
         self.gemm = c.of("gemm")
-        self.burst_key = burst_key(c, bursts[0] if bursts else None)  # graph replay if served so
+        self.burst_key = burst_key(served or c, bursts[0] if bursts else None)  # graph replay if served so
         self.why: dict[str, str] = {}
         if not bursts:
             self.why["comm"] = ("no nccl_burst run of the step's collectives (ops_per_step null) "

@@ -28,7 +28,7 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing
 from k25exp.report.measured import model_of
 from k25exp.report.reconcile import Micro, engine_tpot
-from k25exp.report.sources import Campaign
+from k25exp.report.sources import Campaign, ReportError
 
 ASSUMPTIONS = (
     "every rank runs the step the measured rank ran (dummy weights: the router's random "
@@ -41,11 +41,13 @@ ASSUMPTIONS = (
 )
 
 
-def scale_out(c: Campaign, external: dict, other: Optional[Callable[[], Optional[Campaign]]] = None
+def scale_out(c: Campaign, external: dict, other: Optional[Callable[[], Campaign]] = None,
+              tpot: Optional[tuple[dict[int, float], str]] = None
               ) -> tuple[Optional[Section], dict[int, dict[str, float]]]:
     """The section (None when the campaign is not of one TP rank) and, per macro level, its
     metrics. `external`: {ms, ops, op_bytes, source, seed} (experiment.scale_out.external);
-    `other`: loads the collectives campaign, None when none is configured."""
+    `other`: loads the collectives campaign (ReportError when it has no runs), None when none
+    is configured; `tpot`: engine_tpot of the macro run, built here unless the caller shares it."""
     macro = c.closed_loop_macro()
     n = macro.param("model.tp_rank_of", int) if macro else None
     if n is None:
@@ -53,9 +55,14 @@ def scale_out(c: Campaign, external: dict, other: Optional[Callable[[], Optional
     sec = Section(f"TP {n} predicted from one TP-{n} rank on one device")
     model = model_of(macro)
     ops = 2 * model.num_hidden_layers + 2
-    tpots, tpot_src = engine_tpot(macro)
-    burst_campaign = other() if other else None
-    micro = Micro(burst_campaign) if burst_campaign else None
+    tpots, tpot_src = tpot or engine_tpot(macro)
+    burst_campaign, not_found = None, ""
+    if other is not None:
+        try:
+            burst_campaign = other()
+        except ReportError as e:  # the rank's own figures still stand
+            not_found = str(e)
+    micro = Micro(burst_campaign, served=c) if burst_campaign else None
     if micro is not None and micro.burst_runs:
         hw = {r.params.get("hardware.name") for r in micro.burst_runs.values()}
         source = (f"measured: the step's {ops} collectives as one burst ({micro.burst_key}) in "
@@ -68,8 +75,11 @@ def scale_out(c: Campaign, external: dict, other: Optional[Callable[[], Optional
                   f"{per_op * 1e3:.1f} µs per op × {ops} ops")
         comm_at = lambda k: per_op * ops
         runs = [macro]
-        if burst_campaign is None and other is not None:
-            sec.notes.append("the collectives campaign configured was not found: external figure used")
+        if other is not None:
+            why = not_found or (f"campaign {burst_campaign.id} has no run of the step's "
+                                "collectives (nccl_burst, ops_per_step null)")
+            sec.notes.append(f"experiment.scale_out.collectives_campaign: {why}: the external "
+                             "figure is used")
     rows, per_level = [], {}
     for k, rank_ms in sorted(tpots.items()):
         comm = comm_at(k)

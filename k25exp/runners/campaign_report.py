@@ -59,7 +59,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     scaled, per_level_tp = scale_out.scale_out(
         c, dataclasses.asdict(so.external),
         (lambda: load_campaign(exp.tracking_uri, so.collectives_campaign))
-        if so.collectives_campaign else None)
+        if so.collectives_campaign else None, tpot)
     sections: list[Section] = [
         budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
         expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths)]

@@ -10,7 +10,7 @@ import pytest
 from k25exp.config.experiments import ExternalBurst
 from k25exp.report import metrics as M
 from k25exp.report.scale_out import scale_out
-from k25exp.report.sources import Campaign
+from k25exp.report.sources import Campaign, ReportError
 from tests.report.test_reconcile import run
 
 KIMI_RANK = {"model.name": "kimi_k25_int4", "model.num_hidden_layers": "61", "model.tp_rank_of": "8",
@@ -52,6 +52,37 @@ def test_a_burst_measured_on_the_n_gpu_box_is_used_when_given():
     assert per[8][M.SCALEOUT_TPOT_PRED] == pytest.approx(7.41 + 2.0)
     assert sec.get(M.SCALEOUT_TPOT_C1).note.startswith("measured: the step's 124 collectives")
     assert "h200_x8_nvlink" in sec.tags["report.scaleout_collectives"]
+
+
+def test_the_rank_served_with_graphs_takes_the_bursts_graph_replay():
+    """Whether the burst stands in for a graph-replayed step is the rank's server's setting:
+    the collectives campaign on the N-GPU box has no server of its own to ask."""
+    bursts = Campaign("h200x8", "uri", [
+        run("nccl_burst", 0, {"experiment.tokens": "1", "experiment.ops_per_step": "null"},
+            {"burst_ms": 1.0, "graph_burst_ms": 0.25})])
+    graphs = Campaign("rank", "uri", [run("macro", 1, {**KIMI_RANK, "server.enforce_eager": "False"},
+                                          steps={"server_tpot_ms_mean": {1: 6.83}})])
+    _, per = scale_out(graphs, dataclasses.asdict(ExternalBurst()), lambda: bursts)
+    assert per[1][M.SCALEOUT_TPOT_PRED] == pytest.approx(6.83 + 0.25)
+    eager = Campaign("rank", "uri", [run("macro", 1, {**KIMI_RANK, "server.enforce_eager": "True"},
+                                         steps={"server_tpot_ms_mean": {1: 6.83}})])
+    _, per = scale_out(eager, dataclasses.asdict(ExternalBurst()), lambda: bursts)
+    assert per[1][M.SCALEOUT_TPOT_PRED] == pytest.approx(6.83 + 1.0)
+
+
+def test_a_collectives_campaign_not_found_or_without_a_burst_falls_back_and_says_why():
+    def not_there():
+        raise ReportError("campaign 'h200x9' has no phase runs in uri")
+
+    sec, per = scale_out(rank_campaign(), dataclasses.asdict(ExternalBurst()), not_there)
+    assert per[1][M.SCALEOUT_TPOT_PRED] == pytest.approx(6.83 + 6.81 / 122 * 124)  # the seed's
+    assert ("experiment.scale_out.collectives_campaign: campaign 'h200x9' has no phase runs in "
+            "uri: the external figure is used") in sec.notes
+    sweep_only = Campaign("h200x8", "uri", [run("nccl_burst", 0, {"experiment.ops_per_step": "1"},
+                                                {"burst_ms": 1.0})])
+    sec, _ = scale_out(rank_campaign(), dataclasses.asdict(ExternalBurst()), lambda: sweep_only)
+    assert any(n.startswith("experiment.scale_out.collectives_campaign: campaign h200x8 has no run "
+                            "of the step's collectives") for n in sec.notes)
 
 
 def test_outside_the_measured_tokens_there_is_no_prediction():
