@@ -15,14 +15,13 @@ def main(args: list[str]) -> int:
     p.add_argument("--uri", help="target store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)")
     p.add_argument("--artifact-root", help="artifact folder for a local store (default: beside it)")
     a = p.parse_args(args)
-    from k25exp.config.store import project_root, sqlite_path, store_uri
+    from k25exp.config.store import sqlite_path, store_uri
     from k25exp.tracking.mlflow_store import MlflowStore
     from k25exp.tracking.offline import sync
 
-    outputs = project_root() / "outputs"
-    uri = a.uri or store_uri(outputs)
-    root = a.artifact_root or (str(sqlite_path(uri).parent / "mlartifacts")
-                               if sqlite_path(uri) else None)
+    uri = a.uri or store_uri()
+    db = sqlite_path(uri)
+    root = a.artifact_root or (str(db.parent / "mlartifacts") if db else None)
     missing = [str(x) for x in a.paths if not x.exists()]
     if missing:
         print(f"k25exp sync: no such folder: {', '.join(missing)}", file=sys.stderr)

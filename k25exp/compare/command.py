@@ -15,13 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from k25exp.config.store import sqlite_path
-
-
-def _default_uri() -> str:
-    from k25exp.config.store import store_uri
-
-    return store_uri()
+from k25exp.config.store import sqlite_path, store_uri
 
 
 def folder_name(a: str, b: str) -> str:
@@ -75,8 +69,9 @@ def main(args: list[str]) -> int:
     from k25exp.compare.table import DEFAULT_NOISE_PCT, compare
     from k25exp.config.store import project_root
 
-    uri = a.uri or _default_uri()
-    if sqlite_path(uri) and not sqlite_path(uri).exists():
+    uri = a.uri or store_uri()
+    db = sqlite_path(uri)
+    if db and not db.exists():
         # MLflow would create an empty store there and then find nothing
         print(f"k25exp compare: no MLflow store at {uri} (--uri or $MLFLOW_TRACKING_URI)", file=sys.stderr)
         return 2

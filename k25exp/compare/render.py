@@ -192,7 +192,7 @@ def write(folder: Path, c: Comparison, generated: str) -> tuple[Path, Path]:
     if plot:
         (folder / "median_change.png").write_bytes(plot)
     md, page = folder / "compare.md", folder / "compare.html"
-    md.write_text(markdown(c, generated, "median_change.png" if plot else None))
-    page.write_text(html_page.render(md.read_text(), f"k25exp compare {c.a.ident} vs {c.b.ident}",
-                                     folder))
+    text = markdown(c, generated, "median_change.png" if plot else None)
+    md.write_text(text)
+    page.write_text(html_page.render(text, f"k25exp compare {c.a.ident} vs {c.b.ident}", folder))
     return md, page

@@ -76,7 +76,7 @@ def serving_samples(jsonl: Path, prefix: str = "") -> Samples:
 
 
 def collective_samples(raw: Path, experiment: str) -> Samples:
-    from k25exp.collectives.results import bus_factor, read_rank_files
+    from k25exp.collectives.results import read_rank_files
 
     files = read_rank_files(raw)
     world = files.world_size
@@ -85,13 +85,10 @@ def collective_samples(raw: Path, experiment: str) -> Samples:
         q = p.queued_s
         per_op_s = [s / p.burst for s in q]
         op = "all_to_all" if experiment == "all_to_all" else "all_reduce"
-        algbw = [p.nbytes / s / 1e9 for s in (q if experiment == "nccl_burst" else per_op_s)]
-        if not world:
-            busbw = []
-        elif experiment == "nccl_burst":  # the step's ops, each kind with its own factor
-            busbw = [p.bus_bytes(world) / s / 1e9 for s in q]
-        else:
-            busbw = [x * bus_factor(op, world) for x in algbw]
+        times = q if experiment == "nccl_burst" else per_op_s
+        algbw = [p.nbytes / s / 1e9 for s in times]
+        # a step's ops each with its own kind's factor; one op kind otherwise
+        busbw = [p.bus_bytes(world, op) / s / 1e9 for s in times] if world else []
         blocking_us = [s * 1e6 for s in p.blocking_s]
         graph = [s / p.burst * 1e6 for s in p.graph_s] if p.graph_s else []
         if experiment == "nccl_burst":
@@ -165,6 +162,6 @@ def why_no_samples(experiment: str, metric: str, samples_found: bool, problem: s
         return schema.no_samples
     if TAIL.search(metric) and samples_found:
         return "not tested (tail percentile: samples test the median)"
-    if source(experiment) is None:
+    if schema is None or not schema.samples:  # as source() finds, without loading its reader
         return f"no samples ({experiment} keeps none that compare reads)"
     return "no samples (summary figure)"

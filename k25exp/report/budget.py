@@ -34,7 +34,7 @@ from k25exp.gemm.shapes import model_gemm_shapes
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, share, unique_runs
 from k25exp.report.measured import auto_kernel, burst_key, model_of
-from k25exp.report.reconcile import EXPERT_SHAPES, moe_kernel
+from k25exp.report.reconcile import EXPERT_SHAPES, moe_latency_us
 from k25exp.report.sources import Campaign, RunView
 
 PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories
@@ -90,8 +90,7 @@ def _fused_moe_at_1(gemm_runs: Sequence[RunView], tp: int) -> Optional[tuple[Run
     """(run, kernel, µs) of the newest GEMM run's fused MoE call at 1 token: the kernel the
     server runs for the model (vLLM's Marlin MoE for INT4 experts, its fused MoE else)."""
     for r in gemm_runs:
-        k = moe_kernel(r)
-        hist = r.history(f"moe.tp{tp}/{k}/latency_us")
+        k, hist = moe_latency_us(r, tp)
         if 1 in hist:
             return r, k, hist[1]
     return None

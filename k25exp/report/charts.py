@@ -39,10 +39,9 @@ def budget_bars(parts: dict[str, float]) -> list[tuple[str, float, float, str]]:
     for name, v in parts.items():
         if v < 0:
             bars.append((name, left + v, -v, f"{name} −{-v:.2f} ms (negative: the parts exceed TPOT)"))
-            left += v
         else:
             bars.append((name, left, v, f"{name} {v:.2f} ms"))
-            left += v
+        left += v
     return bars
 
 

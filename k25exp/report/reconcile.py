@@ -98,8 +98,7 @@ class Micro:
         model = model_of(g)
         tp = g.param("experiment.tp", int, 1)
         if category == "moe":
-            kernel = moe_kernel(g)
-            hist = g.history(f"moe.tp{tp}/{kernel}/latency_us")
+            kernel, hist = moe_latency_us(g, tp)
             us = interp_loglog(hist, c)
             if us is None:
                 self.why["moe"] = (f"gemm run {g.short} has no {kernel} time at {c} tokens "
@@ -127,6 +126,12 @@ def moe_kernel(gemm: RunView) -> str:
     (compressed-tensors W4A16 experts), its bf16 fused MoE otherwise."""
     w4a16 = gemm.params.get("model.quant.method") == "w4a16"
     return "vllm_marlin_moe" if w4a16 else "vllm_fused_moe"
+
+
+def moe_latency_us(gemm: RunView, tp: int) -> tuple[str, dict[int, float]]:
+    """(kernel, µs per MoE layer call by tokens) of the MoE candidate the server runs."""
+    kernel = moe_kernel(gemm)
+    return kernel, gemm.history(f"moe.tp{tp}/{kernel}/latency_us")
 
 
 def engine_tpot(macro: Optional[RunView]) -> tuple[dict[int, float], str]:

@@ -68,8 +68,7 @@ def headline_text(figs: Sequence[Figure]) -> str:
     w = max(len(f.label) for f in figs) if figs else 10
     lines = []
     for f in figs:
-        val = fmt(f.value, f.unit) + ("" if f.unit in ("%", "pp", "pct", "×", "") or f.value is None
-                                      else f" {f.unit}")
+        val = _value(f)
         src = ", ".join(r.short for r in f.runs)
         lines.append(f"{f.label:<{w}}  {val:>12}  {('runs ' + src) if src else ''}"
                      + (f"  ({f.missing})" if f.value is None and f.missing else ""))
@@ -143,8 +142,9 @@ def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,
     folder.mkdir(parents=True, exist_ok=True)
     plot_files = make_plots(sections, folder / "plots")
     md = folder / "report.md"
-    md.write_text(markdown(c, sections, plot_files, ui_url, folder, generated))
+    text = markdown(c, sections, plot_files, ui_url, folder, generated)
+    md.write_text(text)
     page = folder / "report.html"
-    page.write_text(html_page.render(md.read_text(), f"k25exp report {c.id}", folder))
+    page.write_text(html_page.render(text, f"k25exp report {c.id}", folder))
     caveats = "".join(f"\nNOTE: {n}" for n in headline_notes(sections))
     return md, page, headline_text(headline(sections)) + caveats

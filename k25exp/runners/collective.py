@@ -16,7 +16,7 @@ from k25exp.collectives.spec import CollectiveSpec, Point
 from k25exp.config.experiments import CollectiveExperiment
 from k25exp.config.schema import K25Config
 from k25exp.serving.errors import ServerError
-from k25exp.serving.launch import split_cpus
+from k25exp.serving.launch import threads_bind
 from k25exp.tracking.recorder import Recorder
 
 
@@ -122,7 +122,7 @@ def rank_cpus(cfg: K25Config) -> Optional[list[list[int]]]:
     if hw.device != "cpu" or not bind:
         return None
     try:
-        text = split_cpus(hw.nproc_per_node) if bind == "split" else bind
+        text = threads_bind(bind, hw.nproc_per_node)
     except ServerError:  # more ranks than CPUs: nothing to bind them to one each
         return None
     blocks = [[int(x) for x in b.split(",")] for b in text.split("|")]

@@ -72,6 +72,12 @@ def split_cpus(tp: int, cpus: Optional[list[int]] = None) -> str:
     return "|".join(",".join(map(str, b)) for b in blocks)
 
 
+def threads_bind(bind: Optional[str], tp: int) -> Optional[str]:
+    """VLLM_CPU_OMP_THREADS_BIND for server.cpu_threads_bind: "split" made into `tp` blocks,
+    explicit lists as given, None when unbound."""
+    return split_cpus(tp) if bind == "split" else (bind or None)
+
+
 def resolve_model_path(server: ServerConfig, model: ModelConfig, seed: int) -> tuple[Path, bool]:
     """The checkpoint folder to serve: server.model_path, or the model group's generated folder
     (random bf16 weights; for a quantized model its config alone, served with dummy weights).
@@ -133,10 +139,9 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
     if device == "cpu":
         if s.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
-        if s.cpu_threads_bind == "split":
-            env["VLLM_CPU_OMP_THREADS_BIND"] = split_cpus(s.tp)
-        elif s.cpu_threads_bind:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = s.cpu_threads_bind
+        bind = threads_bind(s.cpu_threads_bind, s.tp)
+        if bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
         if cpu_isa:  # every server process caps torch's ISA probes at start (sitecustomize)
             env.update(vllm_kernels.child_env(cpu_isa))
             env["PYTHONPATH"] = os.pathsep.join(

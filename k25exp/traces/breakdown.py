@@ -414,8 +414,8 @@ def _take_trailing_collectives(steps: list[Step], start: np.ndarray, end: np.nda
     launched in that step and the step is not done until it is. Returns how many steps grew.
     (Without correlation ids a collective whose stream lags into the next step's window
     counts in that step.)"""
-    cs = np.sort(start[is_comm])
-    ce = end[is_comm][np.argsort(start[is_comm], kind="stable")]
+    order = np.argsort(start[is_comm], kind="stable")
+    cs, ce = start[is_comm][order], end[is_comm][order]
     grown = 0
     for i, st in enumerate(steps):
         nxt = steps[i + 1].start_ns if i + 1 < len(steps) else None
