@@ -10,7 +10,7 @@ second, TPOT is the step while the stub keeps up, and chunks of concurrent strea
 together. For each (streams C, step, processes P): a warm-up round, then a closed loop of C
 streams, 4 × C requests of --output-tokens tokens, sent exactly as the macro runner sends a
 level (one process: client.run_level; several: shards.ShardPool), judged by the macro runner's
-own rule (figures.level_figures, max_client_lag_ms 20): the busiest process's CPU, the
+own rule (k25exp.load.level_figures, max_client_lag_ms 20): the busiest process's CPU, the
 laggiest process's event-loop lag, the send lag. Columns: chunks/s received over the level's
 wall time, CPU µs per chunk (all client processes' CPU / chunks: the cost, less sensitive to
 other load on the machine than the rates), TTFT p50 (a backlogged client shows it here first:

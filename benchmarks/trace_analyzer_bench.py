@@ -43,7 +43,7 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (benchmarks/ → ..)
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (benchmarks/ → ..)
 
 CAPTURE = textwrap.dedent("""
     import sys, torch, torch.distributed as dist

@@ -150,12 +150,17 @@ class _Shard:
         return self.proc is not None and self.proc.is_alive()
 
 
-def _send(conn, msg) -> None:
-    """conn.send, blocking: the event loop's add_reader leaves the pipe non-blocking (asyncio's
-    and uvloop's alike), and a phase's prompts outgrow the socket buffer; a non-blocking write
-    then fails half-way with BlockingIOError (seen on an H200: c = 128 after 1, 8, 32)."""
+def _blocking(conn):
+    """The pipe made blocking again: the event loop's add_reader leaves it non-blocking
+    (asyncio's and uvloop's alike), and a message larger than the socket buffer is then written
+    or read half-way, with BlockingIOError (a phase's prompts on send: seen on an H200, c = 128
+    after 1, 8, 32; a long request's record on receive, which read as the process failing)."""
     os.set_blocking(conn.fileno(), True)
-    conn.send(msg)
+    return conn
+
+
+def _send(conn, msg) -> None:
+    _blocking(conn).send(msg)
 
 
 class ShardPool:
@@ -318,6 +323,7 @@ class ShardPool:
         running = [s for s in shards if s.state == "running"]
         for s in running:
             loop.add_reader(s.conn.fileno(), drain, s)
+            _blocking(s.conn)  # drain reads only when poll() says a message has begun
         if not running:
             done.set()
         while not done.is_set():
@@ -357,6 +363,8 @@ class ShardPool:
                                   f"{s.error}" for s in failed]
         if not failed:
             return
+        from k25exp.load.client import finish  # the derived fields, as every record has them
+
         reported = {r["i"] for r in res["records"]}
         for s in failed:
             if s.alive():  # failed but running (a phase that raised): replaced next phase
@@ -364,14 +372,13 @@ class ShardPool:
                 s.proc.join(5)
             for i in lost(s.k, reported):
                 reported.add(i)
-                res["records"].append({
+                res["records"].append(finish({  # never sent: no sent_s, end_s
                     "phase": phase, "level": level, "i": i, "worker": None, "shard": s.k,
                     "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
-                    "status": None, "ok": False, "chunk_s": [], "chunk_tokens": [],
-                    "usage": None, "malformed": 0, "output_tokens": None, "ttft_s": None,
-                    "tpot_s": None, "e2e_s": None,
+                    "status": None, "chunk_s": [], "chunk_tokens": [], "usage": None,
+                    "malformed": 0, "done": False,
                     "error": f"client process {s.k} failed before this request finished: "
-                             f"{_last_line(s.error)}"})
+                             f"{_last_line(s.error)}"}))
 
 
 def _last_line(text: Optional[str]) -> str:

@@ -134,7 +134,6 @@ def recover(out: Path, run) -> str:
     level's validity is unknown: `valid` is logged only as 0, where the records themselves
     show a delivery stall; otherwise `valid` and `client_lagged` are left out and the tag
     k25exp.recovered_validity names the levels."""
-    from k25exp import plots
     from k25exp.collectives.results import read_jsonl  # a torn last line tolerated, as for ranks
     from k25exp.load.level_figures import level_figures
 
@@ -147,7 +146,10 @@ def recover(out: Path, run) -> str:
     for (phase, level), recs in groups.items():
         if phase == "warmup":
             continue
-        wall = max(r["sent_s"] + r["end_s"] for r in recs) - min(r["sent_s"] for r in recs)
+        sent = [r for r in recs if r.get("sent_s") is not None]  # not a failed process's unsent
+        if not sent:
+            continue
+        wall = max(r["sent_s"] + r["end_s"] for r in sent) - min(r["sent_s"] for r in sent)
         figs = {k: v for k, v in level_figures(recs, wall).items() if isinstance(v, (int, float))
                 and k not in UNKNOWN_HEALTH}
         what = "single stream" if phase == "single" else f"{level}"

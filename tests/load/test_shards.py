@@ -243,3 +243,36 @@ def test_a_phase_is_sent_whole_on_a_pipe_the_event_loop_left_non_blocking():
             a.close()  # the reader then sees the pipe end
         reader.join(5)
         assert sent is ok and (got == [big]) is ok
+
+
+def test_a_record_is_read_whole_from_a_pipe_the_event_loop_left_non_blocking():
+    """The receiving side of the same pipe: a record larger than the socket buffer arrives in
+    pieces; after poll() says it has begun, a non-blocking recv finds the buffer empty half-way
+    (BlockingIOError, which drain took for the process dying). The pipe ShardPool reads is made
+    blocking again after add_reader; so here a record written in two pieces 0.3 s apart (as
+    multiprocessing's own wire format: a 4-byte length, then the pickle) is read whole."""
+    import multiprocessing as mp
+    import pickle
+    import socket
+    import struct
+    import threading
+
+    from k25exp.load import shards
+
+    rec = ("rec", {"chunk_s": [i * 1e-3 for i in range(20_000)]})
+    payload = pickle.dumps(rec)
+    a, b = mp.Pipe()
+    os.set_blocking(b.fileno(), False)  # as add_reader leaves it
+    shards._blocking(b)
+    raw = socket.socket(fileno=os.dup(a.fileno()))
+
+    def write():
+        raw.sendall(struct.pack("!i", len(payload)) + payload[:1000])
+        time.sleep(0.3)
+        raw.sendall(payload[1000:])
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert b.poll(5)
+    assert b.recv() == rec
+    writer.join(5)
+    raw.close()

@@ -99,6 +99,31 @@ def test_recovered_levels_are_never_called_valid(tmp_path):
     assert rec.latest("single_stream_tpot_ms")[None] == pytest.approx(20.0)
 
 
+def test_a_level_with_a_failed_client_process_is_recovered_from_what_was_sent(tmp_path):
+    """A level over client processes where one died: its unsent requests are recorded failed,
+    never sent (no sent_s, end_s); the level's figures come from the requests that were."""
+    import json
+
+    from k25exp.load.shards import ShardPool
+    from k25exp.tracking import MemoryRecorder
+    from k25exp.runners.macro_results import recover as _macro_figures
+
+    even = [0.05 + 0.02 * i for i in range(8)]
+    res = {"records": [{**_request("sweep", 2, even, sent=t), "i": i} for i, t in enumerate((1.0, 1.5))],
+           "_shards": [type("S", (), {"state": "failed", "k": 1, "proc": None,
+                                      "error": "exited during the phase (exit code -9)",
+                                      "alive": lambda self: False})()]}
+    ShardPool._account(None, res, [], lambda k, reported: [7], "sweep", 2, 64, 128)
+    lost = res["records"][-1]
+    assert lost["ok"] is False and lost.get("sent_s") is None and "exit code -9" in lost["error"]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in res["records"]))
+    rec = MemoryRecorder()
+    _macro_figures(tmp_path, rec)
+    # 2 ok requests of 8 tokens over 1.0 .. 1.5 + 0.19 s: 16 tokens / 0.69 s
+    assert rec.latest("output_tok_s")[2] == pytest.approx(16 / 0.69)
+    assert rec.latest("errors")[2] == 1.0
+
+
 def test_a_killed_gemm_jobs_timed_figures_come_back_from_its_samples(tmp_path):
     """The gemm schema's recovery hook: every figure timed before the job died, its median
     and p90 (with 10 calls or more) recomputed here by hand; a torn last line is skipped."""
