@@ -252,10 +252,16 @@ class ShardPool:
         if max_concurrency and max_concurrency < P:
             raise ValueError(f"a cap of {max_concurrency} in flight cannot be shared by {P} "
                              "client processes")
+        indices = [list(range(k, len(due), P)) for k in range(P)]
+
+        def own(k: int) -> Prompts:  # only the texts shard k sends (a builder is shared whole)
+            if prompts.texts is None:
+                return prompts
+            return Prompts({i: prompts.texts[i] for i in indices[k]})
         specs = [dict(kind="open", shard=k, phase=phase, level=level, max_tokens=max_tokens, t0=t0,
-                      input_tokens=input_tokens, prompts=prompts, due_s=due,
-                      indices=list(range(k, len(due), P)), max_concurrency=caps[k],
-                      lanes=min(caps[k] or 64, len(range(k, len(due), P))))
+                      input_tokens=input_tokens, prompts=own(k), due_s=due,
+                      indices=indices[k], max_concurrency=caps[k],
+                      lanes=min(caps[k] or 64, len(indices[k])))
                  for k in range(P)]
         res = await self._run(specs, on_record, should_stop)
 

@@ -11,6 +11,7 @@ from k25exp.config.schema import K25Config
 from k25exp.redact import scrub
 from k25exp.serving.endpoint import Connection, connect
 from k25exp.serving.log_facts import log_facts
+from k25exp.serving.process import ManagedServer
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -22,16 +23,13 @@ def connect_server(cfg: K25Config, **kw) -> Connection:
                    redact=cfg.tracking.redact, cpu_isa=cfg.hardware.vllm_cpu_isa, **kw)
 
 
-def server_cpu_isa(pid: int) -> str:
+def server_cpu_isa(server: ManagedServer) -> str:
     """The kernel build(s) the server's processes mapped (its workers load them; the API
     server may not), read from /proc: what ran, whatever chose it."""
-    import psutil
-
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
+    pids = server.pids()
+    if not pids:
         return "unknown (server process gone)"
-    found = sorted({b for p in procs for b in vllm_kernels.builds(p.pid)},
+    found = sorted({b for pid in pids for b in vllm_kernels.builds(pid)},
                    key=vllm_kernels.LEVELS.index)
     return vllm_kernels.describe(found)
 
@@ -50,7 +48,7 @@ def record_server(cfg: K25Config, conn: Connection, rec: Recorder) -> None:
                      "server.log": str(conn.managed.log_path)})
         tags.update(log_facts(conn.managed.log_path))
         if cfg.hardware.device == "cpu":
-            tags["vllm.cpu_isa"] = server_cpu_isa(conn.managed.pid)
+            tags["vllm.cpu_isa"] = server_cpu_isa(conn.managed)
     else:  # an endpoint: its log is not ours to read
         tags["vllm.attention_backend"] = "unknown (server=endpoint: no server log here)"
     if conn.info.get("version"):

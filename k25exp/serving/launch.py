@@ -1,6 +1,7 @@
 """The launch of a vLLM server from config: its argument list, environment and identity.
 
-Nothing here starts a process (k25exp.serving.process does). Secrets (the API key, and any
+Nothing here starts the server (k25exp.serving.process does); the vLLM version of another
+interpreter (server.python) is read once in a short child process. Secrets (the API key, and any
 server.env value whose name looks secret or is listed in tracking.redact) go to the child by
 environment only: never in argv, never hashed into the launch key, masked in every description.
 """

@@ -35,6 +35,7 @@ package metadata.
 
 from __future__ import annotations
 
+import functools
 import logging
 import subprocess
 import sys
@@ -78,9 +79,11 @@ def parse(version: str) -> Optional[tuple[int, int]]:
         return None
 
 
+@functools.lru_cache(maxsize=None)  # once per interpreter and job: every connect() asks
 def installed(python: Optional[str] = None) -> str:
     """The vLLM version importable by `python` (None: this interpreter), from package metadata
-    (vLLM itself is not imported); NOT_INSTALLED when neither distribution is there."""
+    (vLLM itself is not imported; another interpreter is asked in a short child process);
+    NOT_INSTALLED when neither distribution is there."""
     if python and python != sys.executable:
         code = ("import importlib.metadata as m\n"
                 f"for d in {DISTRIBUTIONS!r}:\n"
