@@ -86,12 +86,14 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
                   step_ref_s: Optional[float] = None,
                   loop_lag_by_process: Optional[Sequence[Sequence[float]]] = None,
                   client_failures: Sequence[str] = (),
+                  client_processes: Optional[int] = None,
                   spans: Sequence[tuple[float, float]] = ()) -> dict:
     """The level's figures; annotates each record with its `stalls` (stalls.mark), measured
     against `step_ref_s` (the engine's TPOT) when given, else the level's median TPOT.
     Several client processes (k25exp.load.shards): `cpu_s` is the busiest one's, the loop
     lag figures the laggiest one's (`loop_lag_by_process`, each process's samples), and
-    `client_failures` names the processes that failed: any flags the level. `spans`: the
+    `client_failures` names the processes that failed: any flags the level;
+    `client_processes` how many sent it. `spans`: the
     level's wall time(s) (start, end; s from the records' t0; one per repeat), for the
     throughput interval."""
     ok = [r for r in records if r["ok"]]
@@ -153,8 +155,8 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
             m["client_loop_lag_ms_p99"] = max(p99s)
         m["client_loop_lag_ms_mean"] = max(mean(x) for x in per_process)
         m["client_loop_lag_n"] = float(sum(len(x) for x in per_process))
-    if loop_lag_by_process is not None:
-        m["client_processes"] = float(len(loop_lag_by_process) + len(client_failures))
+    if client_processes is not None:
+        m["client_processes"] = float(client_processes)
     m["client_failures"] = float(len(client_failures))
     if cpu_s is not None and wall_s > 0:
         m["client_cpu_util"] = cpu_s / wall_s  # 1.0 = one core busy all the time

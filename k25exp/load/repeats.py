@@ -34,6 +34,9 @@ def pool(results: Sequence[dict]) -> dict:
         out["loop_lag_ms_by_process"] = [[x for b in by_proc for x in b[k]]
                                          for k in range(len(by_proc[0]))]
     out["client_failures"] = [w for res in results for w in res.get("client_failures", ())]
+    procs = [res["client_processes"] for res in results if "client_processes" in res]
+    if procs:
+        out["client_processes"] = max(procs)
     return out
 
 

@@ -200,5 +200,6 @@ class Phases:
                              self.rule, step_ref_s=step_ref_s,
                              loop_lag_by_process=res.get("loop_lag_ms_by_process"),
                              client_failures=res.get("client_failures", ()),
+                             client_processes=res.get("client_processes"),
                              spans=[(x["start"] - self.t0, x["start"] - self.t0 + x["wall_s"])
                                     for x in res.get("repeats", [res]) if "start" in x])

@@ -15,6 +15,21 @@ def test_pool_concatenates_and_sums():
     assert pool([a]) is a
 
 
+def test_pooled_repeats_count_their_client_processes_once():
+    """Process 1 of 3 failed in both repeats: 3 processes sent the level, 2 failures seen (a
+    count from the failures would read 4)."""
+    reps = [{"records": [], "wall_s": 1.0, "cpu_s": 0.1, "loop_lag_ms": [0.1],
+             "loop_lag_ms_by_process": [[0.1], [0.2]], "client_processes": 3,
+             "client_failures": ["client process 1: exited"]} for _ in range(2)]
+    p = pool(reps)
+    assert p["client_processes"] == 3 and len(p["client_failures"]) == 2
+    from k25exp.load.level_figures import level_figures
+
+    f = level_figures([], 2.0, 0.2, [0.1], 1e9, loop_lag_by_process=p["loop_lag_ms_by_process"],
+                      client_failures=p["client_failures"], client_processes=p["client_processes"])
+    assert (f["client_processes"], f["client_failures"]) == (3.0, 2.0)
+
+
 def test_spread_is_range_over_median_of_the_repeats_figures():
     s = spread([{"tpot_ms_p50": 10.0, "output_tok_s": 100.0}, {"tpot_ms_p50": 12.0, "output_tok_s": 90.0},
                 {"tpot_ms_p50": 11.0}])

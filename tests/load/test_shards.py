@@ -111,7 +111,8 @@ def test_merged_figures_are_the_hand_counts_of_the_merged_records(stub, pool):
     recs = res["records"]
     assert sorted(r["i"] for r in recs) == list(range(24)) and {r["shard"] for r in recs} == {0, 1, 2}
     f = level_figures(recs, res["wall_s"], res["cpu_s"], res["loop_lag_ms"], 1e9,
-                      loop_lag_by_process=res["loop_lag_ms_by_process"])
+                      loop_lag_by_process=res["loop_lag_ms_by_process"],
+                      client_processes=res["client_processes"])
     tokens = sum(r["usage"]["completion_tokens"] for r in recs)
     assert tokens == 24 * 6 and f["output_tokens"] == tokens
     assert f["output_tok_s"] == pytest.approx(tokens / res["wall_s"])
