@@ -29,14 +29,13 @@ def dev_mode_allowed(server: ServerConfig) -> bool:
                                         and bool(server.api_key_env))
 
 
-def dev_endpoint_problems(server: ServerConfig, why: Optional[str]) -> list[str]:
+def dev_endpoint_problems(server: ServerConfig, why: Optional[str], remedy: str = "") -> list[str]:
     """Config problems (an experiment's check lists them): dev endpoints needed (`why`, as the
     experiment says; None: not needed) on a server that would expose them to the network
-    unprotected."""
+    unprotected; `remedy`, the experiment's own way out, ends the message."""
     if server.kind != "vllm" or why is None or dev_mode_allowed(server):
         return []
     return [f"{why}, vLLM's dev endpoints, which answer without the API key; server.host="
             f"{server.host} is not a loopback address, so they stay off. Bind to 127.0.0.1, "
             "or set server.allow_dev_endpoints_on_network=true and server.api_key_env=<variable "
-            "holding the key>" + ("" if "profile" in why else
-                                  ", or set experiment.reset_prefix_cache=false")]
+            "holding the key>" + remedy]

@@ -71,7 +71,7 @@ def slurm_master(port: int = 29500) -> str:
 
 def default_communicator(nnodes: int = 1) -> str:
     """vllm when vLLM is importable (time the path its server runs) on one node, else torch
-    (across nodes the vllm communicator is not supported yet: validate.py says so)."""
+    (across nodes the vllm communicator is not supported yet: CollectiveExperiment.check says so)."""
     import importlib.util
 
     return "vllm" if int(nnodes) == 1 and importlib.util.find_spec("vllm") is not None else "torch"

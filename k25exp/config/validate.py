@@ -22,7 +22,7 @@ from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 from k25exp.config.experiments.base import positive
 from k25exp.config.schema import K25Config
 from k25exp.dtypes import BACKEND_DTYPES
-from k25exp.model.quant_config import quantization_config
+from k25exp.model.quant_config import is_quantized, quantization_config
 from k25exp.model.tp_rank import rank_model, rank_problems
 
 
@@ -93,7 +93,7 @@ def _check_model(c: K25Config, p: list[str]) -> None:
         p.append(f"model.first_k_dense_replace={m.first_k_dense_replace}: expected 0..num_hidden_layers")
     rank = rank_problems(m)
     p += rank
-    if m.quant.method in ("none", ""):
+    if not is_quantized(m.quant):
         return
     try:
         quantization_config(m.quant)

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from k25exp.dtypes import dtype_bytes
 from k25exp.gemm.shapes import model_gemm_shapes
+from k25exp.model.quant_config import is_quantized
 
 # Categories of what a step reads, in the order tables list them.
 CATEGORIES = ("attention_proj", "dense_mlp", "router", "shared_expert", "routed_experts",
@@ -54,9 +55,9 @@ def weight_bytes(n: int, k: int, quant: Any, dense_bytes: int) -> float:
     layout (``quant.method`` w4a16 …), ``quant.bits`` per value plus one ``quant.scale_dtype``
     scale per ``quant.group_size`` values along k (compressed-tensors pack-quantized,
     symmetric: no zero points)."""
-    method = getattr(quant, "method", "none") if quant is not None else "none"
-    if method == "none":
+    if not is_quantized(quant):
         return float(n * k * dense_bytes)
+    method = quant.method
     bits, group = int(quant.bits), int(quant.group_size)
     if bits <= 0 or group <= 0:
         raise ValueError(f"quant.method={method!r} needs bits > 0 and group_size > 0; got "

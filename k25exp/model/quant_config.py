@@ -18,10 +18,15 @@ IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
 FORMATS = ("pack-quantized",)
 
 
+def is_quantized(quant: Any) -> bool:
+    """Whether `model.quant` names a quantization (method "none" or empty: bf16 weights)."""
+    return quant is not None and getattr(quant, "method", "none") not in ("none", "")
+
+
 def quantization_config(quant: Any) -> Optional[dict]:
     """config.json's quantization_config for `model.quant`, or None for bf16 weights.
     Raises ValueError naming the key for a scheme this generator does not write."""
-    if quant.method in ("none", ""):
+    if not is_quantized(quant):
         return None
     if quant.method != "w4a16":
         raise ValueError(f"model.quant.method={quant.method!r}: the model folder generator writes "

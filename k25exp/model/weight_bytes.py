@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from k25exp.dtypes import dtype_bytes
+from k25exp.model.quant_config import is_quantized
 from k25exp.model.tp_rank import rank_model
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
@@ -46,7 +47,7 @@ CHECKPOINT_PARTS = ("embedding", "lm_head", "attention", "norms", "dense_mlp", "
 
 
 def quantized(model: Any) -> bool:
-    return getattr(model.quant, "method", "none") not in ("none", "")
+    return is_quantized(model.quant)
 
 
 def _padded_vocab(v: int) -> int:

@@ -292,7 +292,7 @@ def _client_tag(exp: MacroConfig, client: CompletionClient) -> str:
              "fewer streams)" if exp.client_processes else
              "client processes per level: auto (enough that each streams at most "
              f"{CHUNKS_PER_PROCESS} chunks/s of the level's most: per level, client_processes)")
-    cap = (f"; open loop over several processes: the cap split into equal shares, one per "
+    cap = ("; open loop over several processes: the cap split into equal shares, one per "
            "process" if exp.load == "open" else "")
     return (f"httpx {httpx.__version__} (one keep-alive connection per request in flight; "
             f"sockets: {client.socket_layer}), {loops.version(exp.client_event_loop)} event "

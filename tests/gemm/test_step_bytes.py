@@ -108,6 +108,8 @@ def test_batch_32_reads_the_experts_32_tokens_activate():
 def test_weights_follow_the_quantization():
     bf16 = SimpleNamespace(method="none")
     assert weight_bytes(512, 7168, bf16, 2) == 512 * 7168 * 2
+    # an empty method is bf16 too, as validation and the model folder generator read it
+    assert weight_bytes(512, 7168, SimpleNamespace(method="", bits=0, group_size=0), 2) == 512 * 7168 * 2
     w4 = SimpleNamespace(method="w4a16", bits=4, group_size=32, scale_dtype="bfloat16")
     assert weight_bytes(512, 7168, w4, 2) == 512 * 7168 / 2 + 512 * 224 * 2
     # unquantized routed experts (tiny_kimi): bf16, like everything else

@@ -102,6 +102,12 @@ class ExperimentBase(Registered):
     # Measure only the first N sweep points (the debug group uses it); null = all.
     limit_points: Optional[int] = None
 
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        super().check(cfg, problems)
+        non_negative(self, "experiment", ["warmup"], problems)
+        if self.limit_points is not None and self.limit_points <= 0:
+            problems.append(f"experiment.limit_points={self.limit_points}: expected a positive number or null")
+
 
 def positive(obj: object, prefix: str, names: list[str], problems: list[str]) -> None:
     for n in names:

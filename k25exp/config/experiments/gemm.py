@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from k25exp.config.experiments.base import ExperimentBase, experiment, non_negative, positive
+from k25exp.config.experiments.base import ExperimentBase, experiment, positive
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -43,7 +43,7 @@ class GemmConfig(ExperimentBase):
     include_lm_head: bool = True  # when shapes = ["all"]
     # User-named GEMMs, {name: {n: N, k: K}}: weight [n × k], y = x @ W.T with x [M × k].
     # Untyped so `+experiment.extra_shapes.NAME={n: 4096, k: 7168}` works from the command
-    # line; validate.py checks the entries.
+    # line; check() below checks the entries.
     extra_shapes: Dict[str, Any] = field(default_factory=dict)
     # "tp": each rank's shard at hardware.tp; "full": the unsharded weight.
     shards: List[str] = field(default_factory=lambda: ["tp"])
@@ -80,7 +80,6 @@ class GemmConfig(ExperimentBase):
         from k25exp.gemm.shapes import model_gemm_shapes  # torch-free, cheap
 
         positive(self, "experiment", ["calls", "tp", "rtol"], problems)
-        non_negative(self, "experiment", ["warmup"], problems)
         if self.device not in ("cpu", "cuda"):
             problems.append(f"experiment.device={self.device!r}: expected 'cpu' or 'cuda'")
         for key in ("m_values", "moe_concurrency"):

