@@ -180,8 +180,8 @@ def _watts(v: str) -> str:
 
 def _per_gpu(gpus: list[tuple[str, str, str]]) -> dict[str, str]:
     """One tag per quantity: the value when all GPUs agree, else each GPU's, by index."""
-    def one(vals: list[str]) -> str:
-        return vals[0] if len(set(vals)) == 1 else "; ".join(f"{i}: {v}" for i, v in enumerate(vals))
+    from k25exp.telemetry.summary import one_per_gpu as one
+
     return {"env.gpu_clocks": one([g[0] for g in gpus]), "env.gpu_power_limit": one([g[1] for g in gpus]),
             "env.gpu_ecc": one([g[2] for g in gpus])}
 

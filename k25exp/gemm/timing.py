@@ -139,12 +139,14 @@ def time_cuda(
 def time_fn(fn: Callable[[Tensor], Tensor], x: Tensor, device: torch.device | str | None = None,
             **kw) -> Timing:
     """Dispatch on the device (default: x's): ``time_cuda`` or ``time_cpu``. On the CPU
-    ``flush_l2`` is ignored (method says flush_l2=False) and ``graph=True`` is an error."""
+    ``flush_l2`` and ``warmup_ms`` are ignored (method says flush_l2=False; the CPU warms up by
+    count) and ``graph=True`` is an error."""
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "cuda":
         return time_cuda(fn, x, **kw)
     if dev.type == "cpu":
         kw.pop("flush_l2", None)
+        kw.pop("warmup_ms", None)
         if kw.pop("graph", False):
             raise ValueError("CUDA-graph timing needs a CUDA device")
         return time_cpu(fn, x, **kw)

@@ -168,7 +168,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                         rec.log_metrics({f"{label}/{name}/max_rel_err": err}, step=m)
                         continue
                     t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls,
-                                flush_l2=exp.flush_l2, graph=exp.graph, **_warmup_ms(exp, device))
+                                flush_l2=exp.flush_l2, graph=exp.graph, warmup_ms=exp.warmup_ms)
                     keep(f"{label}/{name}", m, t)
                     lat = t.median_us
                     nbytes = kernel.weight_bytes(shape.n, shape.k) + 2 * m * (shape.k + shape.n)
@@ -222,16 +222,19 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
     rec.set_tags({f"{label}.routing": f"top-{m.num_experts_per_tok} of {m.n_routed_experts} "
                   "experts, sigmoid of seeded random scores, renormalised"})
     prepared: dict[str, moe.Prepared] = {}
+    group = exp.group_size if exp.group_size > 0 else 32  # a W4A16 candidate's scale groups
     for name in exp.moe_kernels:  # weights prepared (prepacked, quantized, repacked) once
         try:
-            prepared[name] = moe.CANDIDATES[name](w13, w2, exp.group_size if exp.group_size > 0 else 32)
+            prepared[name] = moe.CANDIDATES[name](w13, w2, group)
         except moe.Unavailable as e:
             rows += [Row(label, 2 * inter, m.hidden_size, name, c, "skipped", note=str(e))
                      for c in exp.moe_batches]
             rec.set_tags({f"skipped.{label}.{name}": str(e)})
     # fp32 oracles: the bf16 weights, or the dequantized ones a W4A16 kernel holds (one copy
-    # of each: the Kimi rank's bf16 experts alone are 8.4 GB in fp32)
-    bf16_oracle = (w13.float(), w2.float())
+    # of each, and the bf16 one only when a candidate needs it: the Kimi rank's bf16 experts
+    # alone are 8.4 GB in fp32)
+    bf16_oracle = ((w13.float(), w2.float()) if any(p.reference is None for p in prepared.values())
+                   else None)
     oracle = {name: (p.reference[0].float(), p.reference[1].float()) if p.reference else bf16_oracle
               for name, p in prepared.items()}
     for c in exp.moe_batches:
@@ -253,11 +256,11 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
                 continue
             t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls, flush_l2=exp.flush_l2,
                         graph=exp.graph and name != "reference_grouped_moe",  # data-dependent loop
-                        **_warmup_ms(exp, device))
+                        warmup_ms=exp.warmup_ms)
             keep(f"{label}/{name}", c, t)
             lat = t.median_us
             # weights of the distinct experts the routing touches, as this kernel stores them
-            per_expert = (moe_expert_bytes_w4a16(inter, m.hidden_size, exp.group_size or 32)
+            per_expert = (moe_expert_bytes_w4a16(inter, m.hidden_size, group)
                           if p.quantized else 3 * inter * m.hidden_size * 2)
             nbytes = touched * per_expert + 2 * 2 * c * m.hidden_size
             flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
@@ -273,10 +276,6 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
 def moe_expert_bytes_w4a16(inter: int, hidden: int, group_size: int) -> int:
     """One expert's gate_up [2I x H] + down [H x I] as INT4 codes + bf16 group scales."""
     return packed_bytes(2 * inter, hidden, group_size) + packed_bytes(hidden, inter, group_size)
-
-
-def _warmup_ms(exp: GemmConfig, device: torch.device) -> dict:
-    return {"warmup_ms": exp.warmup_ms} if device.type == "cuda" else {}
 
 
 def _figures(r: Row) -> dict[str, float]:
@@ -353,12 +352,10 @@ def recover(out: Path, rec: Recorder) -> str:
     path = out / "samples.jsonl"
     if not path.exists():
         return "nothing: no samples.jsonl"
+    from k25exp.collectives.results import read_jsonl  # up to the line torn by the kill
+
     n = 0
-    for line in path.read_bytes().splitlines():
-        try:
-            r = orjson.loads(line)
-        except orjson.JSONDecodeError:  # the line being written when the job died
-            continue
+    for r in read_jsonl(path):
         t = Timing(r["samples_us"])
         m = {r["figure"]: t.median_us}
         if (p90 := _p90(t)) is not None:

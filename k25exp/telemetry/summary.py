@@ -118,7 +118,7 @@ def summarize(r: SamplerResult) -> TelemetryReport:
     known_refs = [v for v, _ in refs.values() if v is not None]
     if known_refs:
         m["telemetry.sm_clock_ref_mhz"] = min(known_refs)
-    rep.tags["telemetry.sm_clock_ref"] = _one(
+    rep.tags["telemetry.sm_clock_ref"] = one_per_gpu(
         [f"{v:g} MHz ({src})" if v is not None else src for v, src in refs.values()])
     _throttle(rep, r, busy, refs)
     _shared(rep, r)
@@ -139,8 +139,9 @@ def _cell(v: Optional[float]) -> str:
     return "" if v is None else f"{v:g}"
 
 
-def _one(vals: list[str]) -> str:
-    """One value when every GPU agrees, else each GPU's (as envinfo's tags do)."""
+def one_per_gpu(vals: list[str]) -> str:
+    """One value when every GPU agrees, else each GPU's, by index (envinfo's env.gpu_* tags
+    too)."""
     return vals[0] if len(set(vals)) == 1 else "; ".join(f"{i}: {v}" for i, v in enumerate(vals))
 
 

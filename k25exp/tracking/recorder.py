@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Optional, Protocol, Tuple
 
 
+# A time series point with its own time: (key, value, timestamp in ms since the epoch, step).
+TimedPoint = Tuple[str, float, int, int]
+
+
 class Recorder(Protocol):
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         """Summary figures; `step` is the swept quantity when a job sweeps inside itself."""
@@ -12,21 +16,8 @@ class Recorder(Protocol):
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Facts about how and where the figures were measured."""
 
-
-# A time series point with its own time: (key, value, timestamp in ms since the epoch, step).
-TimedPoint = Tuple[str, float, int, int]
-
-
-def log_timed(rec: Recorder, points: Iterable[TimedPoint]) -> None:
-    """Points that carry the time they were taken (telemetry): through the recorder's own
-    log_timed when it has one (MLflow, offline, memory), else as plain metrics by step (their
-    timestamps become the time of logging)."""
-    fn = getattr(rec, "log_timed", None)
-    if fn is not None:
-        fn(points)
-        return
-    for k, v, _ts, step in points:
-        rec.log_metrics({k: v}, step)
+    def log_timed(self, points: Iterable[TimedPoint]) -> None:
+        """Points that carry the time they were taken (telemetry), each at its own time."""
 
 
 class MemoryRecorder:
@@ -84,4 +75,4 @@ class Capture(MemoryRecorder):
     def log_timed(self, points: Iterable[TimedPoint]) -> None:
         points = list(points)
         super().log_timed(points)
-        log_timed(self.inner, [(self.prefix + k, v, ts, step) for k, v, ts, step in points])
+        self.inner.log_timed([(self.prefix + k, v, ts, step) for k, v, ts, step in points])

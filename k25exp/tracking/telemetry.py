@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from k25exp.tracking.recorder import Recorder, log_timed
+from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def finish(sampler, out: Path, rec: Recorder) -> None:
     _write_csv(out / "telemetry_processes.csv", PROCESS_COLUMNS, rep.process_rows)
     rec.set_tags({"telemetry": f"{sampler.note}; {result.ticks} ticks", **rep.tags})
     rec.log_metrics(rep.metrics)
-    log_timed(rec, rep.series)
+    rec.log_timed(rep.series)
     for w in rep.warnings:
         log.warning("%s", w)
 
