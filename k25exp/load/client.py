@@ -322,7 +322,8 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
     """Closed loop: `concurrency` workers, each sending its next request when the last ends.
 
     Request i uses prompt(i), so the same prompts are sent at every level. Stops after
-    `n_requests`, or when `duration_s` has passed (requests in flight finish), or when
+    `n_requests`, or after the requests due within `duration_s` of the start (each sent
+    however late the client is, its lateness in lag_ms; requests in flight finish), or when
     `should_stop()` says so. ramp_s staggers the start: worker w sends its first request at
     w × ramp_s / concurrency, so rounds do not move in lockstep (0: all at once).
     A shard of a loop that several processes run (k25exp.load.shards) runs only
@@ -347,7 +348,10 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
         while True:
             if should_stop and should_stop():
                 return
-            if duration_s is not None and time.perf_counter() - start >= duration_s:
+            # The window holds the requests *due* in it: one due inside is sent however late
+            # the client wakes (its lateness is its lag_ms), one due after is not. Deciding on
+            # the clock at wake-up instead would drop a due request on a busy machine.
+            if duration_s is not None and scheduled - start >= duration_s:
                 return
             i = counter.claim(n_requests)
             if i is None:

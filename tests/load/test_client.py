@@ -135,20 +135,45 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 9.0
 
 
 def test_a_level_can_run_for_a_duration_instead_of_a_count():
+    """A duration-limited level sends every request *due* inside the window, however late the
+    client is (a busy machine): here the client is made late on purpose, its event loop blocked
+    past the window's end by the first record's callback. The request due before the end is
+    still sent, its lateness in lag_ms; none due after the end is. Nothing bounds the clock."""
+    window = 1.0
+    t = {}
+
+    def block_past_the_window(rec):
+        if "blocked" not in t:  # once: a loaded machine that woke the client too late
+            t["blocked"] = rec
+            while time.perf_counter() < t["start"] + window + 0.05:
+                time.sleep(0.01)
+
     with StubThread(gap_s=0.01) as stub:
         async def go():
             async with CompletionClient(stub.base_url, "stub") as c:
+                t["start"] = t0 = time.perf_counter()
                 return await run_level(c, lambda i: "fine", phase="sweep", level=3,
-                                       concurrency=3, max_tokens=5, t0=time.perf_counter(),
-                                       duration_s=0.5)
+                                       concurrency=3, max_tokens=5, t0=t0, start_at=t0,
+                                       duration_s=window, on_record=block_past_the_window)
 
         res = run(go())
     recs = res["records"]
-    # each request takes ≥ 50 ms: at most ~10 per worker start within 0.5 s (fewer on a busy
-    # host, but every worker starts one), and all finish
-    assert 3 <= len(recs) <= 40 and all(r["ok"] for r in recs)
-    assert max(r["sent_s"] for r in recs) - min(r["scheduled_s"] for r in recs) < 0.5
-    assert res["wall_s"] >= 0.5
+    assert all(r["ok"] for r in recs) and sorted(r["i"] for r in recs) == list(range(len(recs)))
+    for w in range(3):  # each worker's chain, by hand: the next is due when the last one ended
+        mine = sorted((r for r in recs if r["worker"] == w), key=lambda r: r["scheduled_s"])
+        assert mine and mine[0]["scheduled_s"] == 0.0
+        for a, b in zip(mine, mine[1:]):
+            assert b["scheduled_s"] == pytest.approx(a["sent_s"] + a["end_s"], abs=1e-9)
+        assert all(r["scheduled_s"] < window for r in mine)  # due inside: sent
+        assert mine[-1]["sent_s"] + mine[-1]["end_s"] >= window  # the next was due outside
+    for r in recs:
+        assert r["lag_ms"] == pytest.approx((r["sent_s"] - r["scheduled_s"]) * 1e3, abs=1e-6)
+    first = t["blocked"]
+    if first["sent_s"] + first["end_s"] < window:  # its successor was due inside the window
+        (late,) = [r for r in recs if r["worker"] == first["worker"]
+                   and r["scheduled_s"] == first["sent_s"] + first["end_s"]]
+        assert late["sent_s"] >= window and late["lag_ms"] >= 50.0  # sent late, and said so
+    assert res["wall_s"] >= window  # every worker's last request ended after the window
 
 
 def test_client_timing_is_the_stub_write_timing_plus_delivery():

@@ -97,7 +97,8 @@ class MacroConfig(Registered):
     # it meets every one given (TTFT and E2E from the scheduled send). None set: no goodput.
     slo: SloConfig = field(default_factory=SloConfig)
     # Requests per level: a fixed count (null = max(min_requests, rounds × concurrency)),
-    # or, when duration_s is set, as many as the level's workers start in that time.
+    # or, when duration_s is set, every request due within that time of the level's start
+    # (sent even when the client is late: its lateness is lag_ms).
     requests: Optional[int] = None
     rounds: int = 4
     min_requests: int = 8
