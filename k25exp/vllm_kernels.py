@@ -160,8 +160,11 @@ def describe(found: list[str]) -> str:
 
 def load() -> str:
     """Load vLLM's kernels as vLLM does (its platform's choice) and return which CPU build this
-    process holds (NOT_CPU for a GPU build, whose one `_C` is not chosen by ISA)."""
+    process holds (NOT_CPU for a GPU build, whose one `_C` is not chosen by ISA). Under the
+    cap ENV names, if any: a process started capped never loads a build above it."""
     from vllm.platforms import current_platform
+
+    cap_from_env()
 
     current_platform.import_kernels()
     return describe(builds()) if current_platform.is_cpu() else NOT_CPU

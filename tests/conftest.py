@@ -54,6 +54,45 @@ def cuda_state(devices=None, nvidia_smi=None, cuda_available=_torch_cuda_availab
 CUDA = cuda_state()
 
 
+def vllm_cpu_level() -> str | None:
+    """The ISA level vLLM's CPU build runs at in this suite: K25EXP_TEST_CPU_ISA's cap (set
+    below for every process the tests start), else what the CPU has."""
+    from k25exp import vllm_kernels
+
+    return os.environ.get(vllm_kernels.ENV) or vllm_kernels.native_level()
+
+
+def vllm_cpu_allreduce() -> str:
+    """The path vLLM's CPU build all-reduces on at that level: its shared-memory all-reduce
+    needs AVX-512; on AVX2 it falls back to torch.distributed over gloo."""
+    return "gloo" if vllm_cpu_level() == "avx2" else "shm"
+
+
+def pytest_configure(config):
+    """K25EXP_TEST_CPU_ISA=avx2: the whole suite on the path an AVX2-only CPU takes, on any
+    machine with AVX2 (one with AVX-512 included). The cap goes into this process (kernels
+    tests load in-process) and, as K25EXP_VLLM_CPU_ISA, into every process the tests start:
+    servers, torchrun ranks and k25exp jobs (whose cpu_local hardware reads it as
+    hardware.vllm_cpu_isa, so each run says it in its params and tags)."""
+    from k25exp import vllm_kernels
+
+    isa = os.environ.get("K25EXP_TEST_CPU_ISA") or None
+    if isa is None:
+        return
+    if why := vllm_kernels.check_level(isa, vllm_kernels.native_level()):
+        raise pytest.UsageError(f"K25EXP_TEST_CPU_ISA: {why}")
+    os.environ.update(vllm_kernels.child_env(isa))  # the cap, and compile caches of its own
+    vllm_kernels.cap(isa)
+
+
+def pytest_report_header(config):
+    from k25exp import vllm_kernels
+
+    capped = os.environ.get(vllm_kernels.ENV)
+    how = f"capped by {vllm_kernels.ENV} (the CPU has {vllm_kernels.native_level()})" if capped else "the CPU's own"
+    return f"vLLM CPU kernels: {vllm_cpu_level()}, {how}; all-reduce on {vllm_cpu_allreduce()}"
+
+
 # Fixtures that start a real vLLM server: their tests run in one xdist worker, in order.
 VLLM_SERVER_FIXTURES = {"vllm", "campaign_full"}
 # Fixtures that start processes end to end (a k25exp job, a server): their tests are `e2e`.

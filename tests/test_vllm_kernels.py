@@ -14,7 +14,7 @@ import torch
 from k25exp import vllm_kernels as vk
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.serving import server
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, vllm_cpu_level
 
 AVX2_ONLY = "processor : 0\nflags\t\t: fpu sse2 avx avx2 fma\n"  # an AMD EPYC without AVX-512
 SPR = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
@@ -44,7 +44,7 @@ def test_cap_hides_what_is_above_and_undo_restores():
         vk.cap("sse4")
 
 
-def test_a_server_process_starts_capped():
+def test_a_server_process_starts_capped(monkeypatch):
     """The launch environment of a capped server, in a real child interpreter: its
     sitecustomize caps torch's probes before anything else runs, and its compile caches are
     its own (inductor's key leaves out the vector ISA)."""
@@ -55,7 +55,10 @@ def test_a_server_process_starts_capped():
     assert env["K25EXP_VLLM_CPU_ISA"] == "avx2"
     assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("_isa_avx2")
     assert env["VLLM_CACHE_ROOT"].endswith("vllm_isa_avx2")
+    monkeypatch.delenv("K25EXP_VLLM_CPU_ISA", raising=False)  # this process uncapped: so is
     assert "K25EXP_VLLM_CPU_ISA" not in server.launch_spec(cfg.server, Path("/m"), "cpu").env
+    monkeypatch.setenv("K25EXP_VLLM_CPU_ISA", "avx2")  # a capped process's servers are capped
+    assert server.launch_spec(cfg.server, Path("/m"), "cpu").env == env
     code = ("import torch; print(torch.cpu._is_avx512_supported(), "
             "torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_avx2_supported())")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
@@ -84,8 +87,8 @@ def test_builds_reads_what_a_process_mapped():
     if vk.native_level() is None:
         pytest.skip("vLLM's CPU kernels need an x86 CPU with AVX2")
     loaded = _child("from k25exp import vllm_kernels; vllm_kernels.load()")
-    try:  # the build vLLM picks for this CPU, and only it
-        assert vk.builds(loaded.pid) == [vk.native_level()]
+    try:  # the build vLLM picks for this CPU (or the suite's cap), and only it
+        assert vk.builds(loaded.pid) == [vllm_cpu_level()]
     finally:
         loaded.kill()
 

@@ -130,7 +130,8 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
 def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
                 redact: Iterable[str] = (), cpu_isa: Optional[str] = None) -> LaunchSpec:
     """`redact`: env names to treat as secret besides TOKEN/KEY/SECRET/PASSWORD (tracking.redact).
-    `cpu_isa`: hardware.vllm_cpu_isa, the highest ISA the CPU build's kernel choice may see.
+    `cpu_isa`: hardware.vllm_cpu_isa, the highest ISA the CPU build's kernel choice may see
+    (None: the cap this process runs under, if any: a capped process's servers are capped).
     Reads the vLLM version of server.python from package metadata (a short child process only
     when server.python is another interpreter) and logs the path k25exp takes for it."""
     s = server
@@ -138,6 +139,7 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
     if dev_mode_allowed(s):  # /reset_prefix_cache, /start_profile ...: loopback or opted in
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if device == "cpu":
+        cpu_isa = cpu_isa or os.environ.get(vllm_kernels.ENV) or None
         if s.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
         bind = threads_bind(s.cpu_threads_bind, s.tp)

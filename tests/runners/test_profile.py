@@ -113,7 +113,15 @@ def test_collectives_split_into_wait_and_transport_on_both_ranks(profiled):
 def _calls_by_hand(path) -> dict[tuple[int, str], list[tuple[float, float]]]:
     """{(decode step index, category): [(start µs, end µs), ...] in time order} on the host
     clock (ts + baseTimeNanoseconds): the outermost communication cpu_ops starting in a
-    pure-decode step annotation, read straight from the JSON."""
+    pure-decode step annotation, read straight from the JSON.
+
+    On the path the run took. With the shared-memory all-reduce (AVX-512) the op runs the
+    collective on its own thread. On gloo (vLLM's AVX2 build) the op only enqueues it and a
+    gloo worker thread runs it (a `gloo:<op>` user annotation), while the caller blocks in a
+    wait the profiler does not record: the caller was in the collective until that span
+    ended. So, by hand: per category, in start order, the k-th op takes the first unused
+    worker span that starts at or after it and before the category's next op, and ends when
+    that span ends."""
     import gzip
     import math
     import re
@@ -129,27 +137,36 @@ def _calls_by_hand(path) -> dict[tuple[int, str], list[tuple[float, float]]]:
     ops = sorted((str((e["pid"], e["tid"])), e["ts"], -e["dur"], rules.classify(e["name"], "cpu_op"))
                  for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
                  and rules.classify(e["name"], "cpu_op") in comm)
-    out: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    outer: list[list] = []  # [start, end, category] of each outermost op
     reach: dict[str, float] = {}
     for lane, s, neg_dur, cat in ops:  # by lane, start, longest first: an op inside an
         e = s - neg_dur                # earlier one is nested in it
         if s >= reach.get(lane, -math.inf):
-            j = next((i for i, (a, b) in enumerate(steps) if a <= s < b), None)
-            if j is not None:
-                out.setdefault((j, cat), []).append((s + base, e + base))
+            outer.append([s, e, cat])
         reach[lane] = max(reach.get(lane, -math.inf), e)
-    return {k: sorted(v) for k, v in out.items()}
+    workers = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+               and e["name"].startswith("gloo:")]
+    for cat in {rules.classify(w["name"], "user_annotation") for w in workers}:
+        mine = sorted((o for o in outer if o[2] == cat), key=lambda o: o[0])
+        spans = sorted((w["ts"], w["ts"] + w["dur"]) for w in workers
+                       if rules.classify(w["name"], "user_annotation") == cat)
+        j = 0
+        for k, o in enumerate(mine):
+            while j < len(spans) and spans[j][0] < o[0]:
+                j += 1
+            if j == len(spans):
+                break
+            if k + 1 < len(mine) and spans[j][0] >= mine[k + 1][0]:
+                continue  # no gloo work of its own
+            o[1] = max(o[1], spans[j][1])
+            j += 1
+    out: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for s, e, cat in sorted(outer):
+        j = next((i for i, (a, b) in enumerate(steps) if a <= s < b), None)
+        if j is not None:
+            out.setdefault((j, cat), []).append((s + base, e + base))
+    return out
 
-
-@pytest.mark.vllm
-def test_analyze_cli_on_the_real_traces_agrees(profiled):
-    metrics, _, out, _ = profiled
-    r = subprocess.run([warm_python(), "-m", "k25exp", "analyze", "--json", str(out / "traces")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    figures = json.loads(r.stdout)["metrics"]
-    assert figures["allreduce_share"] == pytest.approx(metrics["allreduce_share"])
-    assert figures["decode_step_ms"] == pytest.approx(metrics["decode_step_ms"])
 
 
 def test_profile_needs_a_profiler_config():
