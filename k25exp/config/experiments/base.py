@@ -97,7 +97,7 @@ class ExperimentBase(Registered):
     one burst, `calls` timed kernel calls (gemm), `requests` requests (serving).
     """
 
-    name: str = MISSING
+    name: str = MISSING  # the experiment's name: experiment=NAME selects conf/experiment/NAME.yaml
     warmup: int = 5  # untimed units (ops, calls, requests) before anything is timed
     # Measure only the first N sweep points (the debug group uses it); null = all.
     limit_points: Optional[int] = None

@@ -26,9 +26,9 @@ class FaultConfig:
     of its result before the correctness check, as a broken transport would.
     """
 
-    kill_rank: Optional[int] = None
-    at_point: int = 0
-    corrupt_rank: Optional[int] = None
+    kill_rank: Optional[int] = None  # this rank exits (os._exit) at sweep point at_point; null = none
+    at_point: int = 0  # the sweep point (0-based) where kill_rank dies
+    corrupt_rank: Optional[int] = None  # this rank perturbs one element of its result; null = none
 
 
 @dataclass
@@ -150,9 +150,9 @@ class AllReduceSweepConfig(CollectiveExperiment):
 
     name: str = "allreduce_sweep"
     _target_: str = "k25exp.runners.allreduce_sweep.run"
-    min_bytes: int = 8
-    max_bytes: int = 256 * 1024 * 1024
-    factor: int = 2
+    min_bytes: int = 8  # smallest message, bytes per rank
+    max_bytes: int = 256 * 1024 * 1024  # largest message (the sweep stops at or below it)
+    factor: int = 2  # each size is the last one times this
     ops_per_burst: int = 20  # all-reduces queued back to back in one timed burst
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
@@ -177,9 +177,10 @@ class AllToAllConfig(CollectiveExperiment):
 
     name: str = "all_to_all"
     _target_: str = "k25exp.runners.all_to_all.run"
+    # Tokens each rank dispatches per point (the sweep; step = tokens/GPU).
     tokens_per_gpu: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     top_k: int = MISSING  # all_to_all.yaml: the model's
-    hidden_size: int = MISSING
+    hidden_size: int = MISSING  # all_to_all.yaml: the model's (elements per token)
     ops_per_burst: int = 20  # all-to-alls queued back to back in one timed burst
     # Knee: smallest tokens/GPU whose latency exceeds knee_factor × the flat baseline, the
     # median latency of the first knee_baseline_points points.

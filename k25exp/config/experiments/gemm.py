@@ -47,8 +47,8 @@ class GemmConfig(ExperimentBase):
     extra_shapes: Dict[str, Any] = field(default_factory=dict)
     # "tp": each rank's shard at hardware.tp; "full": the unsharded weight.
     shards: List[str] = field(default_factory=lambda: ["tp"])
-    tp: int = MISSING
-    m_values: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    tp: int = MISSING  # gemm.yaml: hardware.tp (each weight's TP shard: 1/tp of it)
+    m_values: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])  # tokens (M) swept
     # Concurrencies whose average tokens per routed expert (batch × top_k / n_experts) are
     # added to the M sweep and tabulated (moe_regime.csv).
     moe_concurrency: List[int] = field(default_factory=lambda: [1, 8, 32, 128])
@@ -56,22 +56,23 @@ class GemmConfig(ExperimentBase):
     kernels: List[str] = field(default_factory=lambda: ["torch_bf16", "vllm_linear", "w4a16_reference",
                                                         "torch_int4", "marlin"])
     baseline: str = "torch_bf16"
+    # Kernel factories by name ({name: {_target_: module.factory}}), gemm.yaml's.
     registry: Dict[str, Any] = field(default_factory=dict)
-    group_size: int = MISSING
+    group_size: int = MISSING  # gemm.yaml: model.quant.group_size (W4A16 kernels)
     rtol: float = 2e-2  # correctness gate, max|y - y_ref| / max|y_ref|
-    device: str = MISSING
+    device: str = MISSING  # gemm.yaml: hardware.device (cpu | cuda)
     flush_l2: bool = True  # CUDA only: 256 MiB zeroed before every timed call
     graph: bool = False  # CUDA only: time a CUDA-graph replay (no launch overhead)
     # CPU: torch.set_num_threads. Default: the CPUs one TP rank of the CPU-build server gets
     # (this process's CPUs / hardware.tp), so the GEMMs and the MoE layer are timed on the
     # threads a rank runs them on; null = torch's default (every core).
     threads: Optional[int] = MISSING
-    seed: int = MISSING
+    seed: int = MISSING  # gemm.yaml: the root's; the random weights and inputs
     # One MoE layer's routed experts as one fused call (k25exp.gemm.moe) at a batch of c
     # tokens: vLLM's own fused MoE op, and a plain-torch grouped reference. [] skips it.
     moe_kernels: List[str] = field(default_factory=lambda: ["vllm_fused_moe", "vllm_marlin_moe",
                                                             "reference_grouped_moe"])
-    moe_batches: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    moe_batches: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # tokens c of the MoE layer
     moe_max_weight_gib: float = 8.0  # skip (with the reason) a layer whose weights exceed it
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:

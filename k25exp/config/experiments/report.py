@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 class ExternalBurst:
     """A decode step's collectives measured outside k25exp, quoted as such in the report."""
 
-    ms: float = 6.81
-    ops: int = 122
-    op_bytes: int = 14336
+    ms: float = 6.81  # the burst's time
+    ops: int = 122  # all-reduces in it
+    op_bytes: int = 14336  # bytes per all-reduce
+    # Where the figure comes from, quoted beside it.
     source: str = ("the seed campaign's burst: 122 all-reduces of 14,336 B (hidden 7168 x "
                    "bf16, batch 1) in 6.81 ms, torchrun on 8 x RTX PRO 6000, PCIe only, no "
                    "NVLink (an H200 box's NVLink is faster)")
+    # The seed campaign's own serving figures, quoted as such.
     seed: str = ("the seed campaign served Kimi-K2.5 INT4 at TP 8 on 8 x RTX PRO 6000 PCIe: "
                  "TPOT 12-13 ms at batch 1, throughput plateau ~1,536 tok/s at concurrency 128")
 
@@ -62,7 +64,7 @@ class ReportConfig(ExperimentBase):
     gemm_kernel: Optional[str] = None
     # Speculative-decoding projection grid: per-token acceptance rates and draft lengths.
     alphas: List[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
-    draft_lengths: List[int] = field(default_factory=lambda: [1, 3, 7])
+    draft_lengths: List[int] = field(default_factory=lambda: [1, 3, 7])  # k, draft tokens per step
     # A campaign of one TP-N rank (model.tp_rank_of=N): TPOT at TP N predicted from it
     # (k25exp.report.scale_out).
     scale_out: ScaleOutConfig = field(default_factory=ScaleOutConfig)

@@ -28,9 +28,9 @@ class SloConfig:
     """Latency bounds a good request meets (vLLM's --goodput), in ms; null = no bound. TTFT
     and E2E are counted from the scheduled send."""
 
-    ttft_ms: Optional[float] = None
-    tpot_ms: Optional[float] = None
-    e2e_ms: Optional[float] = None
+    ttft_ms: Optional[float] = None  # time to first token, from the scheduled send
+    tpot_ms: Optional[float] = None  # time per output token after the first
+    e2e_ms: Optional[float] = None  # scheduled send to the last token
 
     def bounds(self) -> dict[str, float]:
         """The bounds given, {name: ms}."""
@@ -60,7 +60,7 @@ class MacroConfig(Registered):
         "ttft_ms_p50", "output_tok_s", "goodput_req_s", "valid")
     headline_params: ClassVar[tuple[str, ...]] = ("experiment.load", "server.tp", "experiment.output_tokens")
 
-    name: str = "macro"
+    name: str = "macro"  # the experiment's name: experiment=NAME selects conf/experiment/NAME.yaml
     _target_: str = "k25exp.runners.macro.run"
     input_tokens: int = 128  # exact prompt length, counted by the served tokenizer
     output_tokens: int = 64  # max_tokens with ignore_eos
@@ -111,8 +111,8 @@ class MacroConfig(Registered):
     repeats: int = 1
     # Measure only the first N concurrency levels (debug=quick); null = all.
     limit_points: Optional[int] = None
-    request_timeout_s: float = 300.0
-    temperature: float = 0.0
+    request_timeout_s: float = 300.0  # one request's HTTP timeout; a request past it is an error
+    temperature: float = 0.0  # sampling temperature (0 = greedy: the same output every level)
     # POST /reset_prefix_cache before each level so levels don't help each other.
     reset_prefix_cache: bool = True
     # stream_options.continuous_usage_stats: exact token count of every chunk.
@@ -130,7 +130,7 @@ class MacroConfig(Registered):
     stall_burst_frac: float = 0.1
     stall_min_chunks: int = 3
     stall_min_gap_ms: float = 5.0
-    progress: bool = True
+    progress: bool = True  # a live progress line per level on the terminal
     # Client processes sending a level's load as one (k25exp.load.shards): 0 = auto, enough
     # that each streams at most 8,000 chunks/s of the most the level can stream (C / the single
     # stream's TPOT; open loop: rate x output_tokens; without a single stream: C / 64),
@@ -255,7 +255,7 @@ class SpecDecodeConfig(MacroConfig):
     # vLLM's speculative method: ngram (prompt lookup, no draft model), draft_model, suffix,
     # eagle, eagle3, mtp ... (vLLM checks the name).
     method: str = "ngram"
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int = 3  # k: tokens drafted per verification step
     # Model-based methods only: a checkpoint folder (draft model, EAGLE head ...), or, with
     # method=draft_model, "self" = the served checkpoint as its own draft (the upper bound on
     # acceptance at temperature 0). Ignored by ngram/suffix; "self" is ignored by eagle/mtp.
@@ -330,7 +330,7 @@ class SloSearchConfig(MacroConfig):
     # Bisection stops when (fail - pass) / pass <= tolerance (rate), or fail - pass <= 1
     # (concurrency).
     tolerance: float = 0.1
-    max_probes: int = 12
+    max_probes: int = 12  # the search stops after this many probes
     min_requests: int = 20  # per probe: enough for the percentile (p90 needs 10)
     single_stream_requests: int = 0
     # every probe at exactly its rate: 20 Poisson arrivals are otherwise ±22 % off it, and a

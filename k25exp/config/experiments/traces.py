@@ -38,20 +38,20 @@ class ProfileConfig(ExperimentBase):
     name: str = "profile"
     _target_: str = "k25exp.runners.profile.run"
     warmup: int = 2
-    requests: int = 4
+    requests: int = 4  # decode requests inside the profile window (at least concurrency are sent)
     concurrency: int = 1  # the batch being profiled (at least this many requests are sent)
-    input_tokens: int = 32
-    output_tokens: int = 32
-    temperature: float = 0.0
+    input_tokens: int = 32  # prompt length of the profiled requests
+    output_tokens: int = 32  # tokens each generates (at least 2: the decode steps)
+    temperature: float = 0.0  # sampling temperature (0 = greedy)
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     # /stop_profile blocks while every rank flushes its trace (minutes with stack capture).
     stop_timeout_s: float = 900.0
     # Where the server writes traces: its profiler config's torch_profiler_dir (launched
     # server); for server=endpoint, a folder this machine can read.
     trace_dir: Optional[str] = None
-    trace_glob: str = "*.pt.trace.json*"
+    trace_glob: str = "*.pt.trace.json*"  # the trace files in trace_dir (one per rank)
     rules: Optional[str] = None  # classification rules YAML; null = conf/trace_rules/default.yaml
-    top_kernels: int = 30
+    top_kernels: int = 30  # kernels listed in top_kernels.csv, by time
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The capture and the server's profiler config."""
@@ -90,9 +90,9 @@ class TraceBreakdownConfig(ExperimentBase):
     name: str = "trace_breakdown"
     _target_: str = "k25exp.runners.trace_breakdown.run"
     paths: List[str] = field(default_factory=list)  # files, or folders searched for trace_glob
-    trace_glob: str = "*.pt.trace.json*"
-    rules: Optional[str] = None
-    top_kernels: int = 30
+    trace_glob: str = "*.pt.trace.json*"  # the files searched for in folders of paths
+    rules: Optional[str] = None  # classification rules YAML; null = conf/trace_rules/default.yaml
+    top_kernels: int = 30  # kernels listed in top_kernels.csv, by time
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """Traces to read."""
