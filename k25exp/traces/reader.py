@@ -310,36 +310,108 @@ class _Invalid(Exception):
 
 def _split_last(buf: bytes, path: Path, bare: bool, fast: bool) -> tuple[list, dict]:
     """The last piece: remaining events, the array's ']' and (object form) the other
-    top-level keys. Tries the last few ']' as the array's end, checking the cheap tail
-    first."""
-    end = len(buf)
-    for _ in range(8):
-        i = buf.rfind(b"]", 0, end)
-        if i < 0:
-            break
-        end = i
-        tail = buf[i + 1:].strip()
-        if bare:
-            if tail:
-                continue
-            meta: dict = {}
-        else:
-            t = tail[1:] if tail.startswith(b",") else tail
-            try:
-                meta = orjson.loads(b"{" + t)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(meta, dict):
-                continue
+    top-level keys. The ']' is found by reading the JSON backwards (`_member_ends`), so the
+    brackets inside strings after the events (Kineto's log lines, "...cpp:NNN]") are never
+    taken for it; each candidate is checked by parsing what follows it and the events."""
+    deferred: list[tuple[int, dict]] = []
+    for i in (_bare_end(buf) if bare else _member_ends(buf)):
+        meta = _rest_of_trace(buf[i + 1:], bare)
+        if meta is None:
+            continue
+        if not _after_object(buf, i):
+            # Kineto's events are objects and its log arrays hold strings: an array whose
+            # last element is not an object is tried only if nothing else ends the events
+            deferred.append((i, meta))
+            continue
         events = _decode(b"[" + buf[:i] + b"]", fast)
         if events is not None:
             return events, meta
-    what = "array" if bare else "object"
+    for i, meta in deferred:
+        events = _decode(b"[" + buf[:i] + b"]", fast)
+        if events is not None:
+            return events, meta
+    raise _end_not_found(buf, path, bare)
+
+
+_WHITESPACE = b" \t\r\n"
+# Tokens of JSON text read backwards (its bytes reversed): whole strings and brackets. A '"'
+# is escaped when an odd run of backslashes precedes it: reversed, when one follows it.
+_RTOKENS = re.compile(rb'"(?:[^"]|"(?=\\(?:\\\\)*(?!\\)))*"|[\[\]{}]', re.S)
+
+
+def _last_byte(buf: bytes, end: int) -> int:
+    """Index of the last non-whitespace byte of buf[:end], or -1."""
+    i = end - 1
+    while i >= 0 and buf[i] in _WHITESPACE:
+        i -= 1
+    return i
+
+
+def _bare_end(buf: bytes) -> list[int]:
+    """A bare array ends the file: its ']' is the last byte that is not whitespace."""
+    i = _last_byte(buf, len(buf))
+    return [i] if i >= 0 and buf[i] == 0x5D else []
+
+
+def _member_ends(buf: bytes) -> Iterator[int]:
+    """Offsets of each ']' that closes a value of the top-level object, last first: `buf`
+    (which starts inside the traceEvents array) is read backwards from the object's closing
+    '}', whole strings at a time, keeping count of the brackets. Stops where the object's
+    members end (or the text does not close an object)."""
+    n = len(buf)
+    j = _last_byte(buf, n)
+    if j < 0 or buf[j] != 0x7D:  # "}"
+        return
+    rev = buf[::-1]
+    depth = 0
+    for m in _RTOKENS.finditer(rev):
+        c = rev[m.start()]
+        if c == 0x22:  # a string
+            continue
+        if c in (0x7D, 0x5D):  # } ]: read backwards, they open
+            if c == 0x5D and depth == 1:
+                yield n - 1 - m.start()
+            depth += 1
+        else:
+            depth -= 1
+            if depth < 1:  # past the object's start: not the trace object's members
+                return
+
+
+def _after_object(buf: bytes, i: int) -> bool:
+    """Whether the last element before the ']' at i is an object (ends with '}')."""
+    j = _last_byte(buf, i)
+    return j >= 0 and buf[j] == 0x7D
+
+
+def _rest_of_trace(tail: bytes, bare: bool) -> dict | None:
+    """The top-level keys after the events array's ']', or None if `tail` is not what
+    follows it: nothing (bare array), else `, "key": value, ... }` or just `}`."""
+    t = tail.strip()
+    if bare:
+        return {} if not t else None
+    if t == b"}":
+        return {}
+    if not t.startswith(b","):
+        return None
+    try:
+        meta = orjson.loads(b"{" + t[1:])
+    except orjson.JSONDecodeError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _end_not_found(buf: bytes, path: Path, bare: bool) -> TraceError:
+    """No ']' ends the events array: say what was expected, and what the JSON parser makes
+    of the text (the usual cause is a truncated or corrupt file)."""
+    expected = ("a ']' with nothing after it" if bare
+                else "a ']' followed by the trace object's other keys and its closing '}'")
+    msg = f"cannot find the end of the traceEvents array (expected {expected})"
     try:
         orjson.loads((b"[" if bare else b'{"traceEvents":[') + buf)
     except orjson.JSONDecodeError as e:
-        raise TraceError(path, f"not valid JSON (truncated or corrupt file?): {e}") from None
-    raise TraceError(path, f"cannot find the end of the trace {what}")  # pragma: no cover
+        msg += f": not valid JSON (truncated or corrupt file?): {e}"
+    return TraceError(path, msg)
 
 
 class _Pending:

@@ -56,20 +56,25 @@ def _kineto_event(e: dict) -> str:
     return "\n".join(lines)
 
 
-def render(events: list[dict], meta: dict | None = None, style: str = "kineto") -> str:
-    meta = dict(meta or {})
+def render(events: list[dict], meta: dict | None = None, style: str = "kineto",
+           after: dict | None = None) -> str:
+    """`meta`: top-level keys before traceEvents; `after`: keys between traceEvents and
+    traceName (where Kineto writes its log arrays, "INFO": [...], "ERROR": [...])."""
+    meta, after = dict(meta or {}), dict(after or {})
     if style == "compact":
-        return json.dumps({**meta, "traceEvents": events, "traceName": "test"})
+        return json.dumps({**meta, "traceEvents": events, **after, "traceName": "test"})
     if style == "array":
         return json.dumps(events)
     head = "{\n" + "".join(f'  {json.dumps(k)}: {json.dumps(v)},\n' for k, v in meta.items())
     body = ",\n".join(_kineto_event(e) for e in events)
-    return head + '  "traceEvents": [\n' + body + '\n  ],\n  "traceName": "test"\n}\n'
+    tail = "".join(f'  {json.dumps(k)}: {json.dumps(v, indent=2)},\n' for k, v in after.items())
+    return (head + '  "traceEvents": [\n' + body + '\n  ],\n' + tail
+            + '  "traceName": "test"\n}\n')
 
 
 def write_trace(path: Path, events: list[dict], meta: dict | None = None,
-                style: str = "kineto") -> Path:
-    text = render(events, meta, style).encode()
+                style: str = "kineto", after: dict | None = None) -> Path:
+    text = render(events, meta, style, after).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".gz"):
         path.write_bytes(gzip.compress(text))

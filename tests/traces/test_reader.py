@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 
@@ -177,3 +178,44 @@ def test_corrupt_json_is_reported_before_the_rest_is_read(tmp_path):
     with pytest.raises(TraceError, match=r"not valid JSON \(corrupt file\?\)") as ei:
         read_trace(p, chunk_bytes=4096)
     assert str(p) in str(ei.value)
+
+
+# --- what Kineto writes after the events ------------------------------------------------
+
+# Kineto writes its log lines after traceEvents, each ending its source location with ']'
+# ("...cpp:NNN]"): here 12 INFO lines and an ERROR line that holds brackets, '},', an
+# escaped quote and a backslash: 16 ']' follow the events' own ']' (the reader tried 8).
+KINETO_LOGS = {
+    "INFO": [f"I0301 12:00:{i:02d}.123456 4242 CuptiActivityProfiler.cpp:{200 + i}] step {i}"
+             for i in range(12)],
+    "ERROR": ['E0301 12:00:13.000001 4242 CuptiActivityProfiler.cpp:999] odd "name" [x]}, {y '
+              "\\ end"],
+}
+
+
+@pytest.mark.parametrize("style", ["kineto", "compact"])
+@pytest.mark.parametrize("chunk", [64, 4096, 1 << 24])
+def test_log_arrays_after_the_events_are_read(tmp_path, style, chunk):
+    events = [ev(f"k{i}", 10 * i, 5) for i in range(3)] + [op("aten::mm", 0, 30)]
+    p = write_trace(tmp_path / "logs.json.gz", events, rank_meta(0), style, after=KINETO_LOGS)
+    text = gzip.decompress(p.read_bytes())
+    assert text[text.index(b'"INFO"'):].count(b"]") == 16   # 12 + 2 in the lines, 2 arrays' own
+    doc = json.loads(text)                                  # valid JSON, as Python reads it
+    assert doc["ERROR"] == KINETO_LOGS["ERROR"]
+    for fast in (True, False):
+        t = read_trace(p, chunk_bytes=chunk, fast=fast)
+        # by hand from the JSON: 4 events, 3 kernels and 1 CPU operator, all kept
+        assert (t.events_total, t.n_events) == (4, 4)
+        assert sorted(t.names) == ["aten::mm", "k0", "k1", "k2"]
+        assert t.metadata["INFO"] == KINETO_LOGS["INFO"]
+        assert t.metadata["ERROR"] == KINETO_LOGS["ERROR"]
+        assert t.metadata["traceName"] == "test" and t.metadata["distributedInfo"]["rank"] == 0
+
+
+def test_an_unclosed_trace_object_after_the_logs_says_what_was_expected(tmp_path):
+    # the file stops after the log arrays, before the object's closing '}'
+    text = render([ev("k", 0, 5)], rank_meta(0), after=KINETO_LOGS).rstrip()
+    assert text.endswith("}")
+    e = _raises(_bad(tmp_path, "open.json", text[:-1].encode()), "cannot find the end")
+    assert "cannot find the end of the traceEvents array" in str(e)
+    assert "not valid JSON (truncated or corrupt file?)" in str(e)
