@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.envinfo import device_check, host_tags
+from k25exp.model import routing
 from k25exp.redact import redact_config, redact_overrides, scrub, secret_values
 from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
@@ -77,6 +78,12 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
             "hardware": typed.hardware.name, "model": typed.model.name}
     if typed.tracking.campaign:
         tags["campaign"] = typed.tracking.campaign
+    tags["routing"] = routing.of_config(typed)  # model.routing as this run applies it
+    server = getattr(typed, "server", None)
+    if why := routing.warning(tags["routing"], getattr(server, "load_format", None),
+                              typed.model.n_routed_experts):
+        log.warning("%s", why)
+        tags["routing_warning"] = why
     dev_tags, dev_warning = device_check(typed.hardware.device, typed.hardware.device_name)
     tags.update(dev_tags)
     if dev_warning:

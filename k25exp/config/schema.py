@@ -67,6 +67,12 @@ class ModelConfig:
     # stay the whole model's; k25exp.model.tp_rank derives the rank (model folder, GEMM
     # shapes, weight memory). null = the whole model.
     tp_rank_of: Optional[int] = None
+    # Which experts the tokens go to (k25exp.model.routing): learned (the router's own),
+    # uniform (top-k uniformly at random) or skewed (hot experts), in the server (vLLM's
+    # routing simulator), the MoE micro-benchmark and the floor alike. null = uniform for a
+    # MoE model served with dummy weights (an untrained router collapses a batch onto a few
+    # experts), learned otherwise. Every run's tag `routing` says which it used.
+    routing: Optional[str] = None
 
 
 @dataclass

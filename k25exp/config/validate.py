@@ -22,6 +22,7 @@ from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 from k25exp.config.experiments.base import positive
 from k25exp.config.schema import K25Config
 from k25exp.dtypes import BACKEND_DTYPES
+from k25exp.model import routing
 from k25exp.model.quant_config import is_quantized, quantization_config
 from k25exp.model.tp_rank import rank_model, rank_problems
 
@@ -91,6 +92,8 @@ def _check_model(c: K25Config, p: list[str]) -> None:
                  f"model.n_routed_experts={m.n_routed_experts}")
     if not 0 <= m.first_k_dense_replace <= m.num_hidden_layers:
         p.append(f"model.first_k_dense_replace={m.first_k_dense_replace}: expected 0..num_hidden_layers")
+    if why := routing.check(m.routing):
+        p.append(why)
     rank = rank_problems(m)
     p += rank
     if not is_quantized(m.quant):

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from k25exp.gemm.step_bytes import CATEGORIES, active_experts, step_bytes, total
+from k25exp.gemm.step_bytes import CATEGORIES, step_bytes, total
+from k25exp.model.routing import distinct_experts
 
 # trace category → (the breakdown metric with its share of the step, the byte categories it reads)
 TRACE_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -69,20 +70,24 @@ def floor_metrics(by_category: Mapping[str, float], bandwidth_gbps: float,
 
 
 def decode_floor(model: Any, tp: int, batch: int, context_tokens: float, bandwidth_gbps: float,
-                 breakdown: Mapping[str, float]) -> dict[str, float]:
+                 breakdown: Mapping[str, float], routing: str = "learned") -> dict[str, float]:
     """floor_metrics for ``batch`` sequences of ``context_tokens`` on one rank of TP ``tp``,
     plus the inputs that decide it (``floor.batch``, ``floor.context_tokens``,
     ``floor.active_experts`` per MoE layer, ``floor.tp``, ``floor.mem_bandwidth_gbps``).
 
-    The routed experts' floor assumes uniform routing. ``floor.moe_lower_ms`` is the bound
-    no routing can beat: every token on the same top_k experts. A ``floor.moe_ratio`` below 1
-    means the batch activated fewer experts than uniform routing would (a router with
-    random weights, ``--load-format dummy``, can concentrate tokens on few experts)."""
-    m = floor_metrics(step_bytes(model, tp, batch, context_tokens), bandwidth_gbps, breakdown)
+    The routed experts' floor reads the distinct experts the batch activates under
+    ``routing`` (model.routing; k25exp.model.routing.distinct_experts: uniform for `uniform`
+    and, lacking the router's statistics, for `learned`; fewer for `skewed`).
+    ``floor.moe_lower_ms`` is the bound no routing can beat: every token on the same top_k
+    experts. A ``floor.moe_ratio`` below 1 means the batch activated fewer experts than that
+    routing would (an untrained router, ``--load-format dummy`` with routing `learned`,
+    concentrates tokens on few experts)."""
+    active = distinct_experts(batch, model.num_experts_per_tok, model.n_routed_experts, routing)
+    m = floor_metrics(step_bytes(model, tp, batch, context_tokens, experts=active),
+                      bandwidth_gbps, breakdown)
     same = step_bytes(model, tp, batch, context_tokens, experts=model.num_experts_per_tok)
     m["floor.moe_lower_ms"] = bytes_to_ms(same["routed_experts"], bandwidth_gbps)
     m.update({"floor.batch": float(batch), "floor.context_tokens": float(context_tokens),
-              "floor.active_experts": active_experts(batch, model.num_experts_per_tok,
-                                                     model.n_routed_experts),
+              "floor.active_experts": active,
               "floor.tp": float(tp), "floor.mem_bandwidth_gbps": float(bandwidth_gbps)})
     return m

@@ -22,7 +22,8 @@ Each candidate prepares its weights once (`CANDIDATES[name](w13, w2, group_size)
 Weights: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I] with I the TP shard of
 moe_intermediate_size, as vLLM's FusedMoE stores them. Routing: deterministic random scores
 through sigmoid, top-k, weights renormalised (Kimi's sigmoid top-k without the correction
-bias, which changes which experts, not how many).
+bias, which changes which experts, not how many), or as vLLM's routing simulator draws them
+(model.routing: uniform, skewed; see route()).
 """
 
 from __future__ import annotations
@@ -38,12 +39,32 @@ class Unavailable(RuntimeError):
     """The candidate cannot run here; the message says why."""
 
 
-def route(c: int, n_experts: int, top_k: int, seed: int, device="cpu") -> tuple[Tensor, Tensor]:
-    """(topk_weights float32 [c, k], topk_ids int32 [c, k]) for c tokens."""
+def route(c: int, n_experts: int, top_k: int, seed: int, device="cpu",
+          routing: str = "learned") -> tuple[Tensor, Tensor]:
+    """(topk_weights float32 [c, k], topk_ids int32 [c, k]) for c tokens, drawn as the server
+    routes them under model.routing (k25exp.model.routing), with a seeded generator:
+
+    uniform  vLLM's uniform_random: top-k of uniform scores (k distinct ids), weights 1
+    skewed   vLLM's normal_routing: each id floor(sigmoid(z) · E), z ~ N(0, 1), clamped to
+             E − 1; weights |N(0, 1)| normalised
+    learned  no trained router here: sigmoid of normal scores, top-k, renormalised (Kimi's
+             scoring without the correction bias); it spreads tokens as uniform does
+    """
     g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(c, n_experts, generator=g).sigmoid()
-    w, ids = scores.topk(top_k, dim=-1)
-    w = w / w.sum(-1, keepdim=True)
+    if routing == "uniform":
+        ids = torch.rand(c, n_experts, generator=g).topk(top_k, dim=-1).indices
+        w = torch.ones(c, top_k)
+    elif routing == "skewed":
+        z = torch.randn(c, top_k, generator=g)
+        ids = (z.sigmoid() * n_experts).long().clamp(0, n_experts - 1)
+        w = torch.randn(c, top_k, generator=g).abs()
+        w = w / w.sum(-1, keepdim=True)
+    elif routing == "learned":
+        scores = torch.randn(c, n_experts, generator=g).sigmoid()
+        w, ids = scores.topk(top_k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+    else:
+        raise ValueError(f"routing={routing!r}: expected learned, uniform or skewed")
     return w.float().contiguous().to(device), ids.to(torch.int32).contiguous().to(device)
 
 

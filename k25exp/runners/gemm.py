@@ -35,7 +35,8 @@ from k25exp.gemm.kernels import KernelUnavailable, check_correct
 from k25exp.gemm.quant import dequantize, packed_bytes, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import (GemmShape, expert_m, expert_tokens, model_gemm_shapes,
                                  routed_expert_dims)
-from k25exp.gemm.timing import Timing, time_fn
+from k25exp.gemm.timing import Timing, l2_bytes, rotation, time_cuda_instream, time_fn
+from k25exp.model import routing
 from k25exp.tracking.recorder import Recorder
 from k25exp.stats import min_samples
 
@@ -60,6 +61,7 @@ class Row:
     speedup_vs_bf16: Optional[float] = None
     max_rel_err: Optional[float] = None
     note: str = ""
+    latency_us_instream: Optional[float] = None  # in one graph over rotating copies (CUDA)
 
 
 def shapes_to_run(cfg: K25Config) -> list[tuple[str, GemmShape]]:
@@ -124,19 +126,26 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     # every call's time, per figure: what `k25exp compare` tests two runs' medians with
     samples = open(out / "samples.jsonl", "ab")
 
-    def keep(prefix: str, step: int, t) -> None:
+    def keep(prefix: str, step: int, t, figure: str = "latency_us") -> None:
         """A figure's samples into samples.jsonl; how it was timed into the run's tags: the
         first figure's method as timing.*, any figure timed otherwise (the MoE reference is
-        never graphed: its loop depends on the routing) as timing.<figure>.*."""
+        never graphed: its loop depends on the routing) as timing.<figure>.*; the in-stream
+        figures' method as timing.instream.* (the first one's)."""
         nonlocal method
-        samples.write(orjson.dumps({"figure": f"{prefix}/latency_us", "step": step,
+        samples.write(orjson.dumps({"figure": f"{prefix}/{figure}", "step": step,
                                     "samples_us": t.samples_us}) + b"\n")
         m = {k: str(v) for k, v in t.method.items() if k != "device"}
+        if figure == "latency_us_instream":
+            if not instream_tagged:
+                instream_tagged.append(True)
+                rec.set_tags({f"timing.instream.{k}": v for k, v in m.items() if k != "calls_per_graph"})
+            return
         if method is None:
             method = m
             rec.set_tags({f"timing.{k}": v for k, v in m.items()})
         elif m != method:
             rec.set_tags({f"timing.{prefix}.{k}": v for k, v in m.items() if method.get(k) != v})
+    instream_tagged: list[bool] = []
     try:
         for si, (label, shape) in enumerate(shapes_to_run(cfg)):
             w = random_weight(shape.n, shape.k, seed=exp.seed + si, device=device)
@@ -178,6 +187,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     r = Row(label, shape.n, shape.k, name, m, "ok", lat, _p90(t), flops / lat / 1e6,
                             nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100,
                             base[m] / lat if m in base else None, err)
+                    if device.type == "cuda" and exp.instream:
+                        ti = _dense_instream(kernel, w, qw, x, exp, device)
+                        keep(f"{label}/{name}", m, ti, "latency_us_instream")
+                        r.latency_us_instream = ti.median_us
                     rows.append(r)
                     rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
             _plot(out, label, shape, rows)
@@ -219,8 +232,9 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
     w13, w2 = moe.make_weights(m.n_routed_experts, m.hidden_size, inter, torch.bfloat16, device, exp.seed)
     gen = torch.Generator().manual_seed(exp.seed + 1)
     rows: list[Row] = []
-    rec.set_tags({f"{label}.routing": f"top-{m.num_experts_per_tok} of {m.n_routed_experts} "
-                  "experts, sigmoid of seeded random scores, renormalised"})
+    how = routing.of_config(cfg)  # the server's routing, drawn here for the same tokens
+    rec.set_tags({f"{label}.routing": f"{how}: top-{m.num_experts_per_tok} of "
+                  f"{m.n_routed_experts} experts, {routing.DESCRIBE[how]}, seeded"})
     prepared: dict[str, moe.Prepared] = {}
     group = exp.group_size if exp.group_size > 0 else 32  # a W4A16 candidate's scale groups
     for name in exp.moe_kernels:  # weights prepared (prepacked, quantized, repacked) once
@@ -238,7 +252,7 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
     oracle = {name: (p.reference[0].float(), p.reference[1].float()) if p.reference else bf16_oracle
               for name, p in prepared.items()}
     for c in exp.moe_batches:
-        tw, ti = moe.route(c, m.n_routed_experts, m.num_experts_per_tok, exp.seed + c, device)
+        tw, ti = moe.route(c, m.n_routed_experts, m.num_experts_per_tok, exp.seed + c, device, how)
         x = torch.randn(c, m.hidden_size, generator=gen).to(device, torch.bfloat16)
         wants: dict[int, torch.Tensor] = {}  # by oracle: computed once per batch
         touched = int(ti.unique().numel())
@@ -267,10 +281,47 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
             r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, _p90(t), flops / lat / 1e6,
                     nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100, None, err,
                     note=p.note)
+            if device.type == "cuda" and exp.instream and name != "reference_grouped_moe":
+                ti_ = _moe_instream(p.run, x, c, m, exp, device, how)
+                keep(f"{label}/{name}", c, ti_, "latency_us_instream")
+                r.latency_us_instream = ti_.median_us
             rows.append(r)
             rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}
                             | {f"{label}/{name}/experts_touched": touched}, step=c)
     return rows
+
+
+def _dense_instream(kernel, w: torch.Tensor, qw, x: torch.Tensor, exp: GemmConfig,
+                    device: torch.device) -> Timing:
+    """The kernel at x's M as the server's graph runs it: calls back to back in one CUDA graph,
+    each on the next of enough weight copies (prepared like the first) that together they
+    exceed twice the L2."""
+    copies, k = rotation(kernel.weight_bytes(w.shape[0], w.shape[1]), l2_bytes(device),
+                         exp.instream_calls)
+    fns = []
+    for _ in range(copies):
+        qw_i = None if qw is None else type(qw)(qw.q.clone(), qw.scales.clone(), qw.group_size)
+        fns.append(kernel.prepare(w.clone(), qw_i))
+    t = time_cuda_instream([lambda f=fns[i % copies]: f(x) for i in range(k)], exp.calls, exp.warmup)
+    t.method["weight_copies"] = copies
+    del fns
+    torch.cuda.empty_cache()
+    return t
+
+
+def _moe_instream(run_fn, x: torch.Tensor, c: int, m, exp: GemmConfig, device: torch.device,
+                  how: str) -> Timing:
+    """One MoE layer call at c tokens as the server's graph runs it: calls back to back in one
+    CUDA graph, each with its own routing draw (as each layer routes its tokens afresh), over
+    the one weight set (a layer's experts; the server's other layers hold other experts: when
+    every expert of this set fits in twice the L2 the figure is optimistic, and the tag
+    timing.instream.weight_note says so)."""
+    draws = [moe.route(c, m.n_routed_experts, m.num_experts_per_tok, exp.seed + 7919 * (j + 1) + c,
+                       device, how) for j in range(exp.instream_calls)]
+    t = time_cuda_instream([lambda tw=tw, ti=ti: run_fn(x, tw, ti) for tw, ti in draws],
+                           exp.calls, exp.warmup)
+    t.method["routing_draws"] = len(draws)
+    return t
 
 
 def moe_expert_bytes_w4a16(inter: int, hidden: int, group_size: int) -> int:
@@ -280,7 +331,7 @@ def moe_expert_bytes_w4a16(inter: int, hidden: int, group_size: int) -> int:
 
 def _figures(r: Row) -> dict[str, float]:
     keys = ("latency_us", "latency_us_p90", "tflops", "gbps", "roofline_pct", "speedup_vs_bf16",
-            "max_rel_err")
+            "max_rel_err", "latency_us_instream")
     return {k: getattr(r, k) for k in keys if getattr(r, k) is not None}
 
 
@@ -288,6 +339,7 @@ COLUMNS = [
     tables.Column("shape", "{}", 24), tables.Column("N", "{}", 7), tables.Column("K", "{}", 7),
     tables.Column("kernel", "{}", 17), tables.Column("M", "{}", 5), tables.Column("status", "{}", 8),
     tables.Column("lat(us)", "{:.2f}", 11), tables.Column("p90(us)", "{:.2f}", 11),
+    tables.Column("instream(us)", "{:.2f}", 13),
     tables.Column("TFLOP/s", "{:.3f}", 10), tables.Column("GB/s", "{:.1f}", 9),
     tables.Column("roofline%", "{:.1f}", 10), tables.Column("vs_bf16", "{:.2f}", 8),
     tables.Column("max_rel_err", "{:.2e}", 12),
@@ -296,11 +348,14 @@ COLUMNS = [
 
 def _write_tables(out: Path, rows: list[Row], cfg: K25Config) -> None:
     exp, hw = cfg.experiment, cfg.hardware
-    data = [[r.shape, r.n, r.k, r.kernel, r.m, r.status, r.latency_us, r.latency_us_p90, r.tflops,
+    data = [[r.shape, r.n, r.k, r.kernel, r.m, r.status, r.latency_us, r.latency_us_p90,
+             r.latency_us_instream, r.tflops,
              r.gbps, r.roofline_pct, r.speedup_vs_bf16, r.max_rel_err] for r in rows]
     text = tables.write(out / "results", COLUMNS, data,
-                        f"gemm: {cfg.model.name} on {cfg.hardware.name} ({exp.device}); median of "
-                        f"{exp.calls} calls after {exp.warmup} warm-up; roofline vs "
+                        f"gemm: {cfg.model.name} on {cfg.hardware.name} ({exp.device}); lat: median of "
+                        f"{exp.calls} calls, each alone, after {exp.warmup} warm-up; instream (CUDA): "
+                        f"median over {exp.calls} replays of >= {exp.instream_calls} calls back to back "
+                        "in one CUDA graph over rotating weight copies > 2x L2, per call; roofline vs "
                         + " and ".join(f"{nominal.kind(getattr(hw, x + '_source'))} "
                                        f"{nominal.describe(x, getattr(hw, x), getattr(hw, x + '_source'))}"
                                        for x in ROOFLINE))

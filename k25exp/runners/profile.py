@@ -23,6 +23,7 @@ import orjson
 from k25exp.config.experiments import ProfileConfig, TraceBreakdownConfig
 from k25exp.config.schema import K25Config
 from k25exp.gemm.floor import decode_floor
+from k25exp.model import routing
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving.answers import refuse_html
 from k25exp.load.client import CompletionClient, run_level
@@ -76,7 +77,8 @@ def step_floor(cfg: K25Config, breakdown_metrics: dict[str, float], rec: Recorde
     try:
         return decode_floor(cfg.model, cfg.server.tp, exp.concurrency,
                             exp.input_tokens + exp.output_tokens / 2,
-                            cfg.hardware.mem_bandwidth_gbps, breakdown_metrics)
+                            cfg.hardware.mem_bandwidth_gbps, breakdown_metrics,
+                            routing.of_config(cfg))
     except ValueError as e:
         log.warning("no bandwidth floor: %s", e)
         rec.set_tags({"floor.error": str(e)})

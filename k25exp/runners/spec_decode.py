@@ -26,6 +26,7 @@ from pathlib import Path
 from k25exp import tables
 from k25exp.config.experiments import SpecDecodeConfig
 from k25exp.config.schema import K25Config
+from k25exp.model import routing
 from k25exp.runners import macro
 from k25exp.serving import server as srv_mod
 from k25exp.serving.speculative import describe, speculative_config
@@ -78,7 +79,8 @@ def _running(cfg: K25Config, model_path: Path) -> bool:
         return False
     try:
         key = srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device,
-                                  cfg.tracking.redact, cfg.hardware.vllm_cpu_isa).key()
+                                  cfg.tracking.redact, cfg.hardware.vllm_cpu_isa,
+                                  routing.of_config(cfg)).key()
     except srv_mod.ServerError:
         return False
     return any(s.key == key for s in srv_mod.running())

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional
 import httpx
 
 from k25exp.config.schema import ModelConfig, ServerConfig
+from k25exp.model import routing
 from k25exp.poll import PollTimeout, wait_until
 from k25exp.serving.answers import json_body, model_ids
 from k25exp.serving.errors import BadAnswer, ServerError
@@ -95,7 +96,8 @@ def connect(server: ServerConfig, model: ModelConfig, seed: int, device: str,
     path, generated = resolve_model_path(server, model, seed)
     if generated and on_generate:
         on_generate(path)
-    spec = launch_spec(server, path, device, redact, cpu_isa)
+    spec = launch_spec(server, path, device, redact, cpu_isa,
+                       routing.effective(model, server.load_format))
     srv, started = acquire(spec)
     with httpx.Client(base_url=srv.base_url, timeout=5.0) as c:
         version = server_version(c)

@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 from k25exp import vllm_kernels
 from k25exp.config.experiments.serving import quantized_needs_dummy
 from k25exp.config.schema import ModelConfig, ServerConfig
+from k25exp.model import routing as routing_mod
 from k25exp.redact import is_secret, redact_env, scrub
 from k25exp.config.dev_endpoints import dev_mode_allowed
 from k25exp.serving import vllm_version
@@ -128,10 +129,13 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
 
 
 def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
-                redact: Iterable[str] = (), cpu_isa: Optional[str] = None) -> LaunchSpec:
+                redact: Iterable[str] = (), cpu_isa: Optional[str] = None,
+                routing: str = "learned") -> LaunchSpec:
     """`redact`: env names to treat as secret besides TOKEN/KEY/SECRET/PASSWORD (tracking.redact).
     `cpu_isa`: hardware.vllm_cpu_isa, the highest ISA the CPU build's kernel choice may see
     (None: the cap this process runs under, if any: a capped process's servers are capped).
+    `routing`: model.routing as the run applies it (k25exp.model.routing.effective): vLLM's
+    routing simulator replaces the router's choice unless it is `learned`.
     Reads the vLLM version of server.python from package metadata (a short child process only
     when server.python is another interpreter) and logs the path k25exp takes for it."""
     s = server
@@ -149,6 +153,7 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
             env.update(vllm_kernels.child_env(cpu_isa))
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(vllm_kernels.site_dir()), os.environ.get("PYTHONPATH")) if p)
+    env.update(routing_mod.server_env(routing))
     secret = {}
     for k, v in s.env.items():
         (secret if is_secret(k, redact) else env)[k] = str(v)

@@ -46,6 +46,47 @@ def test_routing_picks_k_distinct_experts_with_weights_summing_to_one():
     assert torch.equal(moe.route(64, E, K, seed=3)[1], ti)  # deterministic
 
 
+def test_uniform_routing_draws_as_vllms_simulator_does():
+    """uniform: k distinct ids per token, weights 1 (vLLM's uniform_random); over many tokens
+    every expert is picked about c·k/E times (by hand: 4096 · 4 / 16 = 1024 each, a binomial
+    sd of ~30: no expert outside ±200)."""
+    tw, ti = moe.route(4096, E, K, seed=5, routing="uniform")
+    assert all(len(set(row.tolist())) == K for row in ti[:256])
+    assert torch.equal(tw, torch.ones(4096, K))
+    counts = torch.bincount(ti.reshape(-1).long(), minlength=E)
+    assert int(counts.sum()) == 4096 * K and int((counts - 1024).abs().max()) < 200
+
+
+def test_skewed_routing_draws_hot_experts_with_the_expected_frequencies():
+    """skewed: id = floor(sigmoid(z) · E), z ~ N(0, 1). By hand for E = 16: expert 0 iff
+    z < logit(1/16) = −2.708, Φ = 0.00338; experts 7 and 8 (sigmoid(z) in [7/16, 9/16),
+    z in [−0.2513, 0.2513)) take 2 · 0.0992 = 0.1984 of the draws."""
+    c = 20000
+    tw, ti = moe.route(c, E, K, seed=9, routing="skewed")
+    n = c * K
+    counts = torch.bincount(ti.reshape(-1).long(), minlength=E).double() / n
+    assert float(counts[7] + counts[8]) == pytest.approx(0.1984, abs=0.005)
+    assert float(counts[0]) == pytest.approx(0.00338, abs=0.0015)
+    assert float(counts[7]) > 10 * float(counts[0])  # hot in the middle
+    assert torch.allclose(tw.sum(-1), torch.ones(c)) and bool((tw >= 0).all())
+
+
+@pytest.mark.parametrize("name", ["reference_grouped_moe",
+                                  pytest.param("vllm_fused_moe", marks=pytest.mark.vllm)])
+def test_a_skewed_draw_with_a_repeated_expert_still_matches_the_loop(name):
+    """vLLM's normal_routing may give one token the same expert twice; the candidates must
+    sum both (the token-by-token loop above does)."""
+    if name == "vllm_fused_moe":
+        pytest.importorskip("vllm")
+    w13, w2 = moe.make_weights(E, H, I, torch.bfloat16, "cpu", seed=0)
+    tw = torch.tensor([[0.5, 0.25, 0.125, 0.125]])
+    ti = torch.tensor([[3, 3, 7, 3]], dtype=torch.int32)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    got = moe.CANDIDATES[name](w13, w2).run(x, tw, ti).float()
+    want = by_hand(x, w13, w2, tw, ti)
+    assert (got - want).abs().max() / want.abs().max() < 2e-2
+
+
 @pytest.mark.vllm  # vLLM's fused MoE is one of the timed candidates
 def test_gemm_runner_times_the_moe_layer_per_batch(tmp_path):
     pytest.importorskip("vllm")

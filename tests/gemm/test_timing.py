@@ -5,7 +5,7 @@ import torch
 
 from k25exp.gemm.kernels import torch_bf16
 from k25exp.gemm.quant import random_weight
-from k25exp.gemm.timing import Timing, time_cpu, time_cuda, time_fn
+from k25exp.gemm.timing import Timing, rotation, time_cpu, time_cuda, time_cuda_instream, time_fn
 
 CUDA = torch.cuda.is_available()
 
@@ -43,6 +43,34 @@ def test_time_fn_dispatch_cpu():
         time_cpu(fn, x, warmup=0, calls=0)
     with pytest.raises(ValueError, match="CUDA tensor"):
         time_cuda(fn, x, warmup=0, calls=1)
+
+
+def test_rotation_copies_exceed_twice_the_l2():
+    """By hand: a 2 MB weight against a 60 MB L2 needs 61 copies (122 MB > 120 MB), so 61
+    calls at least 32 → 61; a 293 MB lm_head shard needs 2 (the floor); 5 MB: 25 copies,
+    32 calls → 50 (two rounds)."""
+    mb = 1_000_000
+    assert rotation(2 * mb, 60 * mb, 32) == (61, 61)
+    assert rotation(293 * mb, 60 * mb, 32) == (2, 32)
+    assert rotation(5 * mb, 60 * mb, 32) == (25, 50)
+    assert rotation(1000, 60 * mb, 32, max_copies=512) == (512, 512)
+    with pytest.raises(ValueError, match="weight_bytes"):
+        rotation(0, 60 * mb, 32)
+
+
+@pytest.mark.cuda
+def test_in_stream_timing_is_a_replay_divided_by_its_calls():
+    """K calls in one graph: K = 64 copies of kv_b_proj-like 2 MB weights, each sample one
+    replay / K. Back to back the per-call time must come out below the isolated call's
+    (which pays the two events' fixed cost), and the method says how it was taken."""
+    x = torch.randn(1, 512, device="cuda").to(torch.bfloat16)
+    ws = [random_weight(2048, 512, seed=i, device="cuda") for i in range(64)]
+    calls = [lambda w=w: torch.nn.functional.linear(x, w) for w in ws]
+    t = time_cuda_instream(calls, replays=20, warmup=2)
+    iso = time_fn(lambda a: torch.nn.functional.linear(a, ws[0]), x, "cuda", warmup=3, calls=20)
+    assert len(t.samples_us) == 20 and t.method["calls_per_graph"] == 64
+    assert t.method["mode"] == "graph_instream" and t.method["flush_l2"] is False
+    assert t.median_us < iso.median_us
 
 
 @pytest.mark.cuda

@@ -63,6 +63,12 @@ class GemmConfig(ExperimentBase):
     device: str = MISSING  # gemm.yaml: hardware.device (cpu | cuda)
     flush_l2: bool = True  # CUDA only: 256 MiB zeroed before every timed call
     graph: bool = False  # CUDA only: time a CUDA-graph replay (no launch overhead)
+    # CUDA only: also time each figure as the server's CUDA graph runs it, at least
+    # instream_calls calls back to back in one graph over rotating weight copies larger than
+    # twice the L2 (the MoE layer: a fresh routing draw per call), divided by the calls:
+    # <figure>/latency_us_instream beside the isolated latency_us. The report budgets with it.
+    instream: bool = True
+    instream_calls: int = 32
     # CPU: torch.set_num_threads. Default: the CPUs one TP rank of the CPU-build server gets
     # (this process's CPUs / hardware.tp), so the GEMMs and the MoE layer are timed on the
     # threads a rank runs them on; null = torch's default (every core).
@@ -80,7 +86,7 @@ class GemmConfig(ExperimentBase):
         super().check(cfg, problems)
         from k25exp.gemm.shapes import model_gemm_shapes  # torch-free, cheap
 
-        positive(self, "experiment", ["calls", "tp", "rtol"], problems)
+        positive(self, "experiment", ["calls", "tp", "rtol", "instream_calls"], problems)
         if self.device not in ("cpu", "cuda"):
             problems.append(f"experiment.device={self.device!r}: expected 'cpu' or 'cuda'")
         for key in ("m_values", "moe_concurrency"):
