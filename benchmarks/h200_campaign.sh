@@ -4,21 +4,27 @@
 # Run from the project root on the GPU machine after ../shared/gpu's unpack.sh and env.sh:
 #
 #   benchmarks/h200_campaign.sh kimi-macro     # one TP-8 rank of Kimi-K2.5 INT4, dummy weights
-#   benchmarks/h200_campaign.sh kimi-rest      # its profile (c = 1, 32) and the GEMM phase
+#   benchmarks/h200_campaign.sh kimi-rest      # its profile (c = 1, 32, 128) and the GEMM phase
+#   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
+#   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
-#   benchmarks/h200_campaign.sh cuda-tests     # pytest -m cuda
+#   benchmarks/h200_campaign.sh cuda-tests [PYTEST ARGS]   # pytest -m cuda (default: the CUDA suites)
+#
+# The Kimi rank is served with uniform routing (model.routing=uniform: vLLM's routing simulator;
+# dummy weights make an untrained router that sends a batch to a few experts), and its MoE
+# micro-benchmark draws the same expert ids.
 #
 # Every stage ends by packing the offline runs made so far (traces left out: a Kimi rank's
 # trace is ~50 MB, over what a call brings back) into $OUT/runs-<stage>.tar.gz; here:
 #   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-rest|tiny|cuda-tests}
+stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-rest|kimi-skewed|kimi-bench|tiny|cuda-tests}
 out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
 export PYTHON=${PYTHON:-python3}
 common=(hardware=h200_x1 tracking=offline "paths.outputs=$out" "server.model_cache=$out/models"
         server.enforce_eager=false server.port=0 server.kv_cache_memory_gib=16)
-kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy)
+kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy model.routing=uniform)
 
 case $stage in
   kimi-macro)
@@ -27,17 +33,32 @@ case $stage in
       'macro:experiment.concurrency=[1,8,32,128,256]' macro:experiment.load=closed,open \
       'macro:experiment.request_rate=[8,32,64]' || true ;;
   kimi-rest)
+    # the GEMM sweep reaches the highest macro concurrency (M and MoE tokens to 256); each
+    # figure isolated (eager, L2 flushed) and in-stream (one CUDA graph, rotating copies)
     K25EXP_CAMPAIGN=h200-kimi-rank PHASES="profile gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
-      profile:experiment.concurrency=1,32 gemm:experiment.calls=100 \
-      'gemm:experiment.kernels=[torch_bf16,torch_int4,marlin]' \
-      'gemm:experiment.moe_kernels=[vllm_fused_moe,vllm_marlin_moe]' \
-      'gemm:experiment.moe_batches=[1,8,32,128]' gemm:experiment.graph=false,true || true ;;
+      profile:experiment.concurrency=1,32,128 gemm:experiment.calls=50 \
+      'gemm:experiment.kernels=[torch_bf16,marlin]' 'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
+      'gemm:experiment.m_values=[1,2,4,8,16,32,64,128,256]' \
+      'gemm:experiment.moe_batches=[1,8,32,128,256]' || true ;;
+  kimi-skewed)
+    # a campaign of its own: its figures never meet the uniform ones in one sum
+    K25EXP_CAMPAIGN=h200-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      model.routing=skewed 'macro:experiment.concurrency=[32,128]' macro:experiment.load=closed \
+      'gemm:experiment.shapes=[router]' 'gemm:experiment.kernels=[torch_bf16]' \
+      'gemm:experiment.m_values=[1]' 'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
+      'gemm:experiment.moe_batches=[32,128]' gemm:experiment.calls=50 || true ;;
+  kimi-bench)
+    # one server (as k25exp launches it), both clients alternating, 3 runs each per level
+    $PYTHON benchmarks/with_server.py "${common[@]}" "${kimi[@]}" -- \
+      $PYTHON benchmarks/client_vs_vllm_bench.py --base-url {base_url} --model {model} \
+      --tokenizer {model_path} --concurrency 1,128,256 --repeats 3 --out "$out/bench" || true ;;
   tiny)
     K25EXP_CAMPAIGN=h200-tiny PHASES="macro profile spec_decode" ./multirun.sh "${common[@]}" \
       'macro:experiment.concurrency=[1,8,32,128]' spec_decode:spec=ngram || true ;;
   cuda-tests)
-    $PYTHON -m pytest -o addopts="" -ra -p no:cacheprovider -m cuda \
-      tests/gemm tests/collectives tests/serving/test_cuda_serving.py 2>&1 | tail -40 || true ;;
+    shift
+    (($#)) || set -- tests/gemm tests/collectives tests/serving/test_cuda_serving.py
+    $PYTHON -m pytest -o addopts="" -ra -p no:cacheprovider -m cuda "$@" 2>&1 | tail -40 || true ;;
   *) echo "h200_campaign.sh: unknown stage $stage" >&2; exit 2 ;;
 esac
 if [[ -n "${OUT:-}" && -d $out ]]; then
