@@ -4,13 +4,20 @@
     comm_ms        nccl_burst at tokens=1: the decode step's collectives (2 × layers + 2:
                    embedding all-reduce, 2 per layer, logits all-gather) through the run's
                    communicator (vLLM's own by default), as one burst (burst_ms; its CUDA-
-                   graph replay, graph_burst_ms, when the server ran graphs: measured.burst_key)
+                   graph replay, graph_burst_ms, when the server ran graphs: measured.burst_key).
+                   World size 1 (the served runs' server.tp 1, measured.one_rank): 0 ms, and
+                   every communication share 0 %: no collectives, no peer to wait for
     gemm_ms        Σ over the model's GEMMs of latency(M=1) × count_per_layer × layers, from
                    the GEMM runs (k25exp.gemm.shapes), the routed experts as vLLM runs them:
                    one fused MoE call per MoE layer at 1 token (moe.tp<N>/<the server's MoE
                    kernel>, reconcile.moe_kernel). Only a GEMM run without that call counts
                    each routed expert's two GEMMs top_k times, and the row says so (a GPU
-                   pays a launch per call: 960 Marlin calls for Kimi's rank read 217 % of TPOT)
+                   pays a launch per call: 960 Marlin calls for Kimi's rank read 217 % of TPOT).
+                   latency: the in-stream figure (<figure>/latency_us_instream: K calls back
+                   to back in one CUDA graph over rotating weight copies > 2 × L2, ÷ K) where
+                   the run has it, else the isolated one (<figure>/latency_us: one call
+                   between two events after an L2 flush, which on a GPU carries a fixed cost
+                   per call the server's graph does not pay); the table shows both and which
     rest_ms        tpot − comm − gemm (attention, norms, routing, sampling, host overhead)
     comm share     in percent, over one denominator, the batch-1 TPOT: 100 × comm_ms /
                    tpot_ms (burst) beside the batch-1 profile's communication transport and
@@ -33,18 +40,30 @@ from typing import Optional, Sequence
 from k25exp.gemm.shapes import model_gemm_shapes
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, share, unique_runs
-from k25exp.report.measured import auto_kernel, burst_key, model_of
-from k25exp.report.reconcile import EXPERT_SHAPES, moe_latency_us
+from k25exp.report.measured import (ONE_RANK, auto_kernel, burst_key, model_of, one_rank,
+                                    timed_us, used_us)
+from k25exp.report.reconcile import EXPERT_SHAPES, moe_us
 from k25exp.report.sources import Campaign, RunView
 
 PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories
 
 
+GEMM_COLUMNS = ["GEMM", "n × k", "per step", "kernel", "µs isolated", "µs in-stream", "used",
+                "µs per step", "run"]
+GEMM_TABLE_NOTE = ("µs isolated: one call between two CUDA events after an L2 flush "
+                   "(<figure>/latency_us; on a GPU it carries a fixed cost of a few µs per call "
+                   "that the server's CUDA graph does not pay); µs in-stream: K calls back to "
+                   "back in one CUDA graph over rotating weight copies larger than 2 × L2, ÷ K "
+                   "(<figure>/latency_us_instream, CUDA only); used: the in-stream figure where "
+                   "the run has it, else the isolated one")
+
+
 def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None
               ) -> tuple[Optional[float], Table, list[str], list[RunView]]:
-    """GEMM time of one batch-1 decode step (ms), its per-shape table, what's missing."""
-    table = Table("GEMMs of one decode step at M = 1", ["GEMM", "n × k", "per step", "kernel",
-                                                         "µs at M=1", "µs per step", "run"], [])
+    """GEMM time of one batch-1 decode step (ms), its per-shape table, what's missing. Each
+    call counts its in-stream time where the run has one at M = 1, else its isolated time;
+    the table shows both."""
+    table = Table("GEMMs of one decode step at M = 1", list(GEMM_COLUMNS), [], GEMM_TABLE_NOTE)
     if not gemm_runs:
         return None, table, ["no GEMM run"], []
     newest = gemm_runs[0]
@@ -58,41 +77,45 @@ def gemm_step(gemm_runs: Sequence[RunView], kernel: Optional[str] = None
     total, absent, used = 0.0, [], []
     fused = _fused_moe_at_1(gemm_runs, tp)
     if fused is not None:
-        r, k, us = fused
+        r, k, both, us, how = fused
         layers = next(s.layers for s in shapes if s.name in EXPERT_SHAPES)
         shapes = [s for s in shapes if s.name not in EXPERT_SHAPES]
         total += us * layers
         used.append(r)
         table.rows.append([f"routed experts (one fused MoE call, top-{model.num_experts_per_tok})",
-                           "-", layers, k, us, us * layers, r])
+                           "-", layers, k, both["isolated"], both["in-stream"], how, us * layers, r])
     for s in shapes:
         label = f"{s.name}.tp{tp}"
         found = None
         for r in gemm_runs:  # newest first: the latest run that timed this shape
             k = kernel or auto_kernel(r, label)
-            key = f"{label}/{k}/latency_us" if k else None
-            if key and key in r.metrics and 1 in r.history(key):
-                found = (r, k, r.history(key)[1])
+            us, how = used_us(r, f"{label}/{k}", 1) if k else (None, "")
+            if us is not None:
+                found = (r, k, timed_us(r, f"{label}/{k}", 1), us, how)
                 break
         per = s.count_per_layer * s.layers
         if found is None:
             absent.append(s.name)
-            table.rows.append([s.name, f"{s.n} × {s.k}", per, kernel or "auto", None, None, "missing"])
+            table.rows.append([s.name, f"{s.n} × {s.k}", per, kernel or "auto", None, None, None,
+                               None, "missing"])
             continue
-        r, k, us = found
+        r, k, both, us, how = found
         total += us * per
         used.append(r)
-        table.rows.append([s.name, f"{s.n} × {s.k}", per, k, us, us * per, r])
+        table.rows.append([s.name, f"{s.n} × {s.k}", per, k, both["isolated"], both["in-stream"],
+                           how, us * per, r])
     return (total / 1e3 if not absent else None), table, absent, used
 
 
-def _fused_moe_at_1(gemm_runs: Sequence[RunView], tp: int) -> Optional[tuple[RunView, str, float]]:
-    """(run, kernel, µs) of the newest GEMM run's fused MoE call at 1 token: the kernel the
-    server runs for the model (vLLM's Marlin MoE for INT4 experts, its fused MoE else)."""
+def _fused_moe_at_1(gemm_runs: Sequence[RunView], tp: int
+                    ) -> Optional[tuple[RunView, str, dict[str, Optional[float]], float, str]]:
+    """(run, kernel, {isolated, in-stream} µs, µs used, which) of the newest GEMM run's fused
+    MoE call at 1 token: the kernel the server runs for the model (vLLM's Marlin MoE for INT4
+    experts, its fused MoE else), in-stream where the run timed it so, else isolated."""
     for r in gemm_runs:
-        k, hist = moe_latency_us(r, tp)
-        if 1 in hist:
-            return r, k, hist[1]
+        k, both, us, how = moe_us(r, tp, 1)
+        if us is not None:
+            return r, k, both, us, how
     return None
 
 
@@ -113,13 +136,20 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
                        else missing(M.TPOT, c.why_missing("macro")))
     if macro and macro.metrics.get("single_stream_valid") == 0:
         sec.notes.append(_invalid_single_stream(macro))
-    comm_fig = _comm_figure(c, burst)
+    solo = one_rank(c)  # world size 1: no collectives, no wait: 0 ms, never missing
+    if solo:
+        burst = None
+        sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {solo.short})")
+    comm_fig = (Figure(M.COMM, 0.0, [solo], ONE_RANK) if solo else _comm_figure(c, burst))
     comm = comm_fig.value
     sec.figures.append(comm_fig)
     gemm_ms, table, gmiss, gruns = gemm_step(c.of("gemm"), gemm_kernel)
     if gemm_ms is not None:
+        hows = [row[6] for row in table.rows]
         sec.figures.append(Figure(M.GEMM, gemm_ms, unique_runs(gruns),
-                                  f"{len(table.rows)} GEMMs at M = 1, × count per layer × layers"))
+                                  f"{len(table.rows)} GEMMs at M = 1, × count per layer × layers; "
+                                  f"timed in-stream: {hows.count('in-stream')}, isolated: "
+                                  f"{hows.count('isolated')} (table below)"))
     else:
         why = (c.why_missing("gemm") if not c.of("gemm") else
                f"missing: shapes not timed at M=1 in any GEMM run: {', '.join(gmiss)} "
@@ -128,14 +158,15 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
     if table.rows:
         sec.tables.append(table)
     rest = tpot - comm - gemm_ms if None not in (tpot, comm, gemm_ms) else None
-    sec.figures.append(Figure(M.REST, rest, [r for r in (macro, burst) if r],
+    sec.figures.append(Figure(M.REST, rest, [r for r in (macro, burst or solo) if r],
                               "TPOT − communication − GEMM") if rest is not None else
                        missing(M.REST, "needs TPOT, communication and GEMM"))
     if rest is not None and rest < 0:
         sec.notes.append(f"communication + GEMM exceed the measured TPOT by {-rest:.3f} ms: the "
                          "isolated measurements cost more than the server's real step (other "
                          "transport, warm caches or overlap in the server)")
-    sec.figures += _comm_shares(c, comm, tpot, burst, macro, profile)
+    sec.figures += (_one_rank_shares(solo, tpot, macro, profile) if solo else
+                    _comm_shares(c, comm, tpot, burst, macro, profile))
     if burst and burst.param("experiment.communicator", str, "torch") != "vllm":
         sec.notes.append(f"burst run {burst.short} timed PyTorch's c10d "
                          f"({burst.param('hardware.backend')}), not vLLM's communicator (the "
@@ -230,6 +261,23 @@ def _comm_shares(c: Campaign, comm: Optional[float], tpot: Optional[float],
                             f"profiled concurrency {k})", [profile]))
     else:
         figs.append(missing(M.COMM_SHARE_DIFF, "needs the burst, TPOT and the profile's transport"))
+    return figs
+
+
+def _one_rank_shares(solo: RunView, tpot: Optional[float], macro: Optional[RunView],
+                     profile: Optional[RunView]) -> list[Figure]:
+    """World size 1: every communication share is 0 % (no collectives, no wait), over TPOT
+    as at any world size; the profile's own share where it logged one."""
+    runs = unique_runs([solo, macro])
+    figs = [Figure(metric, 0.0, runs, ONE_RANK) if tpot else missing(metric, "needs the batch-1 TPOT")
+            for metric in (M.COMM_SHARE_BURST, M.COMM_SHARE_TRANSPORT, M.COMM_SHARE_WAIT)]
+    logged = profile.metrics.get("share_communication") if profile else None
+    figs.append(Figure(M.COMM_SHARE_PROFILE, logged if logged is not None else 0.0,
+                       unique_runs([profile or solo]),
+                       f"exposed communication / profiled decode step, run {profile.short}"
+                       if logged is not None else ONE_RANK))
+    figs.append(Figure(M.COMM_SHARE_DIFF, 0.0, runs, ONE_RANK) if tpot else
+                missing(M.COMM_SHARE_DIFF, "needs the batch-1 TPOT"))
     return figs
 
 

@@ -5,13 +5,15 @@
     tp_ms          MoE layers × allreduce_us(c × hidden × dtype bytes), allreduce_sweep:
                    the AllReduce after each MoE layer that EP replaces
     both interpolated log-log between measured points, never extrapolated
+    A campaign whose server ran on one rank (world size 1) and has neither sweep: every figure
+    here is missing as one that needs two or more GPUs (k25exp.report.measured.needs_gpus)
 """
 
 from __future__ import annotations
 
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing
-from k25exp.report.measured import interp_loglog, model_of
+from k25exp.report.measured import interp_loglog, model_of, needs_gpus, one_rank
 from k25exp.report.sources import Campaign
 
 
@@ -20,11 +22,15 @@ def expert_parallel(c: Campaign) -> Section:
     a2a = c.latest("all_to_all")
     ar = c.latest("allreduce_sweep")
     if not a2a or not ar:
+        solo = one_rank(c)
         for run, phase, metric in ((a2a, "all_to_all", M.A2A_SWEEP),
                                   (ar, "allreduce_sweep", M.AR_SWEEP)):
             if not run:
-                sec.figures.append(missing(metric, c.why_missing(phase)))
-        sec.figures.append(missing(M.EP_BREAK_EVEN, "needs both sweeps"))
+                sec.figures.append(missing(metric, needs_gpus(f"an {phase} sweep across ranks", solo)
+                                           if solo else c.why_missing(phase)))
+        sec.figures.append(missing(M.EP_BREAK_EVEN, needs_gpus("the all_to_all and allreduce_sweep "
+                                                               "sweeps", solo) if solo else
+                                   "needs both sweeps"))
         return sec
     model = model_of(a2a)
     world = a2a.param("hardware.world_size", int)

@@ -8,6 +8,8 @@
                    note and the tag report.link_gbps_source say which (k25exp.nominal)
     % of link      100 × busbw / link. Only the largest size is compared: small messages are
                    latency-bound and say nothing about the link's rate
+    world size 1   a campaign whose server ran on one rank has no link to measure: the figure
+                   is missing as one that needs two or more GPUs (k25exp.report.measured)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Optional
 from k25exp import nominal
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, missing
+from k25exp.report.measured import needs_gpus, one_rank
 from k25exp.report.sources import Campaign, RunView
 
 
@@ -33,7 +36,9 @@ def collectives(c: Campaign) -> Section:
 
 def allreduce_link(c: Campaign, ar: Optional[RunView]) -> Figure:
     if not ar:
-        return missing(M.ALLREDUCE_LINK, c.why_missing("allreduce_sweep"))
+        solo = one_rank(c)
+        return missing(M.ALLREDUCE_LINK, needs_gpus("an all-reduce sweep over the link", solo)
+                       if solo else c.why_missing("allreduce_sweep"))
     busbw = ar.history("busbw_gbps")
     link = ar.param("hardware.link_gbps", float)
     world = ar.param("hardware.world_size", int)
@@ -42,8 +47,8 @@ def allreduce_link(c: Campaign, ar: Optional[RunView]) -> Figure:
     if not link:
         return missing(M.ALLREDUCE_LINK, f"run {ar.short} has no hardware.link_gbps", [ar])
     if world is not None and world < 2:  # 2(n − 1)/n = 0: nothing crosses a link
-        return missing(M.ALLREDUCE_LINK, f"run {ar.short} ran on one rank: an all-reduce there "
-                       "moves nothing over the link", [ar])
+        return missing(M.ALLREDUCE_LINK, f"missing: needs two or more GPUs: run {ar.short} ran "
+                       "on one rank, where an all-reduce moves nothing over the link", [ar])
     size = max(busbw)
     interconnect = ar.param("hardware.interconnect", str, "an unnamed interconnect")
     backend = ar.param("hardware.backend")

@@ -8,10 +8,16 @@ Per profiled concurrency c (one profile run each; the profile phase sweeps c on 
                   fused MoE call at c tokens (gemm's moe.tp<N>/vllm_fused_moe, or
                   vllm_marlin_moe for an INT4 checkpoint; never the plain-torch
                   reference); gemm: Σ of the step's other GEMMs at M = c × their count
-                  per step (torch F.linear: vLLM's CPU build packs its own)
+                  per step (torch F.linear: vLLM's CPU build packs its own). GEMM and MoE
+                  calls timed in-stream where the GEMM run has that figure (K calls back
+                  to back in one CUDA graph ÷ K: <figure>/latency_us_instream), else
+                  isolated (latency_us), and the row says which (k25exp.report.measured)
                   Between measured tokens / batches: log-log interpolation; never outside.
+                  World size 1 (the server ran on one rank, k25exp.report.measured.one_rank):
+                  the collectives are 0 ms, no burst needed
     profile ms    share_<category> / 100 × decode_step_ms (exposed time, mean over ranks);
-                  communication also as the calls' transport and wait per step
+                  communication also as the calls' transport and wait per step (both 0 ms
+                  at world size 1: nothing to split, no peer to wait for)
     TPOT          the engine's TPOT at concurrency c: macro's server_tpot_ms_mean (vLLM's own
                   histogram; the client's TPOT on a busy host carries delivery stalls, which
                   shrink or stretch it), else the client's tpot_ms_p50
@@ -28,7 +34,8 @@ from typing import Optional
 from k25exp.gemm.shapes import model_gemm_shapes
 from k25exp.report import metrics as M
 from k25exp.report.figures import Section, Table, missing
-from k25exp.report.measured import auto_kernel, burst_key, interp_loglog, model_of
+from k25exp.report.measured import (ONE_RANK, auto_kernel, burst_key, interp_loglog, model_of,
+                                    one_rank, timed_us, used_us)
 from k25exp.report.sources import Campaign, RunView
 
 MICRO_CATEGORIES = ("comm_allreduce", "comm_allgather", "gemm", "moe")
@@ -62,15 +69,20 @@ class Micro:
 
     def __init__(self, c: Campaign, served: Optional[Campaign] = None):
         """`served`: the campaign whose server the burst stands in for (graph replay or eager
-        burst, as that server ran), when the bursts come from another campaign."""
+        burst, as that server ran), when the bursts come from another campaign; then `c` is
+        that other campaign and its server's world size is not asked."""
         bursts = [r for r in c.of("nccl_burst") if r.param("experiment.ops_per_step") is None]
         self.burst_runs: dict[int, RunView] = {}
         for r in bursts:
             self.burst_runs.setdefault(r.param("experiment.tokens", int), r)
         self.gemm = c.of("gemm")
         self.burst_key = burst_key(served or c, bursts[0] if bursts else None)  # graph replay if served so
+        # the served run that shows one rank: no collectives in the step (0 ms, not missing)
+        self.one_rank = one_rank(c) if served is None else None
         self.why: dict[str, str] = {}
-        if not bursts:
+        # (category, c) -> how its GEMM calls were timed: "in-stream", "isolated" or a mix
+        self.timing: dict[tuple[str, int], str] = {}
+        if not bursts and self.one_rank is None:
             self.why["comm"] = ("no nccl_burst run of the step's collectives (ops_per_step null) "
                                 f"in campaign {c.id}")
         if not self.gemm:
@@ -82,10 +94,12 @@ class Micro:
 
     def runs_for(self, category: str) -> list[RunView]:
         if category.startswith("comm"):
-            return list(self.burst_runs.values())
+            return [self.one_rank] if self.one_rank else list(self.burst_runs.values())
         return self.gemm[:1]
 
     def at(self, category: str, c: int) -> Optional[float]:
+        if category in ("comm_allreduce", "comm_allgather", "comm") and self.one_rank:
+            return 0.0  # world size 1: vLLM issues no collective at TP 1
         if category == "comm_allreduce":
             return self._burst("allreduce_ms_per_step", c)
         if category == "comm_allgather":
@@ -98,27 +112,39 @@ class Micro:
         model = model_of(g)
         tp = g.param("experiment.tp", int, 1)
         if category == "moe":
-            kernel, hist = moe_latency_us(g, tp)
-            us = interp_loglog(hist, c)
+            kernel, _, us, how = moe_us(g, tp, c)
             if us is None:
+                hist = sorted(set(g.history(f"moe.tp{tp}/{kernel}/latency_us")) |
+                              set(g.history(f"moe.tp{tp}/{kernel}/latency_us_instream")))
                 self.why["moe"] = (f"gemm run {g.short} has no {kernel} time at {c} tokens "
-                                   f"(timed: {sorted(hist) or 'none'})")
+                                   f"(timed: {hist or 'none'})")
                 return None
+            self.timing[("moe", c)] = how
             return us * (model.num_hidden_layers - model.first_k_dense_replace) / 1e3
         if category == "gemm":
-            total = 0.0
+            total, hows = 0.0, []
             for s in model_gemm_shapes(model, tp, True):
                 if s.name in EXPERT_SHAPES:
                     continue
                 label = f"{s.name}.tp{tp}"
                 k = auto_kernel(g, label)
-                us = interp_loglog(g.history(f"{label}/{k}/latency_us"), c) if k else None
+                us, how = used_us(g, f"{label}/{k}", c) if k else (None, "")
                 if us is None:
                     self.why["gemm"] = f"gemm run {g.short} has no {label} time at M = {c}"
                     return None
                 total += us * s.count_per_layer * s.layers
+                hows.append(how)
+            self.timing[("gemm", c)] = _mix(hows)
             return total / 1e3
         return None
+
+
+def _mix(hows: list[str]) -> str:
+    """'in-stream', 'isolated', or how many of the GEMM shapes were timed each way."""
+    if len(set(hows)) <= 1:
+        return hows[0] if hows else ""
+    return (f"{hows.count('in-stream')} GEMM shapes in-stream, {hows.count('isolated')} isolated "
+            "(no in-stream figure at this M)")
 
 
 def moe_kernel(gemm: RunView) -> str:
@@ -128,10 +154,15 @@ def moe_kernel(gemm: RunView) -> str:
     return "vllm_marlin_moe" if w4a16 else "vllm_fused_moe"
 
 
-def moe_latency_us(gemm: RunView, tp: int) -> tuple[str, dict[int, float]]:
-    """(kernel, µs per MoE layer call by tokens) of the MoE candidate the server runs."""
+def moe_us(gemm: RunView, tp: int, tokens: int
+           ) -> tuple[str, dict[str, Optional[float]], Optional[float], str]:
+    """(kernel, {isolated, in-stream} µs, µs used, "in-stream" | "isolated") of one MoE layer
+    call of the candidate the server runs, at `tokens` (log-log between timed token counts):
+    moe.tp<N>/<kernel>/latency_us_instream where the run has it, else .../latency_us."""
     kernel = moe_kernel(gemm)
-    return kernel, gemm.history(f"moe.tp{tp}/{kernel}/latency_us")
+    prefix = f"moe.tp{tp}/{kernel}"
+    us, how = used_us(gemm, prefix, tokens)
+    return kernel, timed_us(gemm, prefix, tokens), us, how
 
 
 def engine_tpot(macro: Optional[RunView]) -> tuple[dict[int, float], str]:
@@ -158,23 +189,30 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
         sec.figures.append(missing(M.RECONCILED, c.why_missing("profile")))
         return sec, per_c
     tpots, tpot_src = tpot or engine_tpot(macro)
+    solo = micro.one_rank  # world size 1: the collectives and the wait are 0 ms, not missing
+    if solo:
+        sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {solo.short})")
     for k in sorted(profiles):
         p = profiles[k]
         rows, m = [], {}
         for cat in ROWS:
             mi = micro.at(cat, k) if cat in MICRO_CATEGORIES else None
             pr = profile_ms(p, cat)
+            if solo and cat.startswith("comm") and pr is None:
+                pr = 0.0
             rows.append([cat, mi, pr, (mi - pr) if mi is not None and pr is not None else None,
-                         "no micro-benchmark" if cat not in MICRO_CATEGORIES else
-                         (micro.why.get(cat.split("_")[0], "") if mi is None else "")])
+                         _row_note(micro, cat, k, mi)])
             if mi is not None:
                 m[f"{cat}_micro_ms"] = mi
             if pr is not None:
                 m[f"{cat}_profile_ms"] = pr
         comm = {x: p.metrics.get(f"comm_{x}_ms_per_step") for x in ("transport", "wait", "raw")}
+        if solo:
+            comm = {x: 0.0 if v is None else v for x, v in comm.items()}
         burst = micro.at("comm", k)
         rows.append(["communication (step burst)", burst, comm["transport"],
                      (burst - comm["transport"]) if None not in (burst, comm["transport"]) else None,
+                     (f"{ONE_RANK}; " if solo else "") +
                      f"profile: transport {_f(comm['transport'])} + wait {_f(comm['wait'])} = "
                      f"raw {_f(comm['raw'])} ms (calls' own durations, mean over ranks)"])
         step = p.metrics.get("decode_step_ms")
@@ -201,6 +239,18 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
             + f"; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
             " of the step counted twice by raw category times"))
     return sec, per_c
+
+
+def _row_note(micro: Micro, cat: str, k: int, mi: Optional[float]) -> str:
+    """A reconciliation row's note: why its micro figure is missing, or what it is."""
+    if cat not in MICRO_CATEGORIES:
+        return "no micro-benchmark"
+    if mi is None:
+        return micro.why.get(cat.split("_")[0], "")
+    if cat.startswith("comm") and micro.one_rank:
+        return ONE_RANK
+    how = micro.timing.get((cat, k))
+    return f"timed {how}" if how else ""
 
 
 def _f(v: Optional[float], nd: int = 3) -> str:

@@ -2,7 +2,9 @@
 rendered from it (k25exp.html_page).
 
 Every figure names and links the MLflow run it came from; a missing figure is printed as
-`missing` with its reason, never as a number.
+`missing` with its reason, never as a number. In a campaign whose server ran on one rank, a
+missing collectives phase (nccl_burst, allreduce_sweep, all_to_all) is marked as one that
+needs two or more GPUs.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from k25exp import html_page
+from k25exp.config.experiments import EXPERIMENT_SCHEMAS, CollectiveExperiment
 from k25exp.report import metrics as M
 from k25exp.report.charts import make_plots
 from k25exp.report.figures import Figure, Section
+from k25exp.report.measured import one_rank
 from k25exp.report.sources import PHASES, Campaign, RunView
 
 HEADLINE = (M.TPOT, M.COMM_SHARE_BURST, M.COMM_SHARE_TRANSPORT, M.COMM_SHARE_WAIT,
@@ -126,15 +130,25 @@ def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pat
             if t.note:
                 lines += ["", f"_{t.note}_"]
     missing = sorted(c.missing_phases())
+    multi = set(multi_gpu_phases()) if one_rank(c) else set()
     lines += ["", "## Phases", "", "| phase | finished runs | other runs |", "|---|---|---|"]
     for p in PHASES:
         fin = c.of(p)
         other = [r for r in c.of(p, None) if r.status != "FINISHED"]
-        lines.append(f"| {p} | {_md_runs(fin, ui_url) or 'missing'} | "
+        none = "missing (needs two or more GPUs)" if p in multi else "missing"
+        lines.append(f"| {p} | {_md_runs(fin, ui_url) or none} | "
                      f"{', '.join(f'{r.short} {r.status}' for r in other)} |")
     if missing:
         lines += ["", f"Missing phases: {', '.join(missing)}."]
+        if multi & set(missing):
+            lines += ["", f"The campaign's server ran on one rank (world size 1): "
+                      f"{', '.join(p for p in missing if p in multi)} need two or more GPUs."]
     return "\n".join(lines) + "\n"
+
+
+def multi_gpu_phases() -> list[str]:
+    """The phases that time collectives across ranks: nothing to time on one GPU."""
+    return [p for p in PHASES if issubclass(EXPERIMENT_SCHEMAS[p], CollectiveExperiment)]
 
 
 def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,

@@ -194,7 +194,9 @@ def test_every_share_is_a_percentage_of_its_denominator():
     # 2 layers × 5 µs of separate expert GEMMs) = 0.31 ms of the 10 ms TPOT
     assert v["gemm_ms"] == pytest.approx(0.31) and v["gemm_share"] == pytest.approx(3.1)
     rows = {row[0]: row for row in sec.tables[0].rows}
-    assert rows["routed experts (one fused MoE call, top-4)"][2:6] == [2, "vllm_fused_moe", 50.0, 100.0]
+    # per step, kernel, µs isolated, µs in-stream (a CPU run has none), used, µs per step
+    assert rows["routed experts (one fused MoE call, top-4)"][2:8] == [
+        2, "vllm_fused_moe", 50.0, None, "isolated", 100.0]
     assert "expert_gate_up" not in rows and "expert_down" not in rows
 
 
