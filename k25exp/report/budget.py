@@ -158,7 +158,7 @@ def decode_budget(c: Campaign, gemm_kernel: Optional[str] = None) -> Section:
     if table.rows:
         sec.tables.append(table)
     rest = tpot - comm - gemm_ms if None not in (tpot, comm, gemm_ms) else None
-    sec.figures.append(Figure(M.REST, rest, [r for r in (macro, burst or solo) if r],
+    sec.figures.append(Figure(M.REST, rest, unique_runs([macro, burst or solo]),
                               "TPOT − communication − GEMM") if rest is not None else
                        missing(M.REST, "needs TPOT, communication and GEMM"))
     if rest is not None and rest < 0:

@@ -43,6 +43,9 @@ A2A_KNEE = Metric("a2a_knee_tokens_per_gpu", "all-to-all knee", "tokens/GPU")
 # TP N predicted from one TP-N rank (k25exp.report.scale_out; campaigns of model.tp_rank_of)
 SCALEOUT_TPOT_C1 = Metric("scaleout_tpot_pred_ms_c1",
                           "TPOT at TP N, batch 1, predicted (rank + collectives)", "ms")
+# what only N GPUs serving the whole model can give (missing from a one-rank campaign, saying so)
+SCALEOUT_BURST = Metric(None, "the step's collectives measured at TP N (nccl_burst on the N-GPU box)")
+SCALEOUT_SPLIT = Metric(None, "wait / transport split of the collectives at TP N (a profile of N ranks)")
 # placeholders for a missing source: never a value, never logged
 A2A_SWEEP = Metric(None, "all_to_all sweep")
 AR_SWEEP = Metric(None, "allreduce_sweep sweep")
@@ -51,8 +54,8 @@ SPEC_MEASURED_NONE = Metric(None, "measured speedup")
 
 FIGURES = (TPOT, COMM, GEMM, REST, COMM_SHARE_BURST, COMM_SHARE_PROFILE, COMM_SHARE_TRANSPORT,
            COMM_SHARE_WAIT, COMM_SHARE_DIFF, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
-           ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, SCALEOUT_TPOT_C1, A2A_SWEEP, AR_SWEEP,
-           SPEC_PROJECTION, SPEC_MEASURED_NONE)
+           ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, SCALEOUT_TPOT_C1, SCALEOUT_BURST,
+           SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_PROJECTION, SPEC_MEASURED_NONE)
 
 # Speculative decoding: one figure per measured setting, keyed by the setting's name (an
 # identifier of the setting, not the figure's label).
@@ -86,6 +89,7 @@ TPOT_PRED_MS = "tpot_pred_ms"
 TPOT_PRED_ERR = "tpot_pred_err_pct"
 SCALEOUT_TPOT_PRED = "scaleout_tpot_pred_ms"      # TP N predicted from one rank (scale_out)
 SCALEOUT_TOK_S_PRED = "scaleout_output_tok_s_pred"  # concurrency / that TPOT
+SCALEOUT_COMM_PRED = "scaleout_collectives_ms_pred"  # the step's collectives at TP N in it
 # per profiled concurrency (step): the reconciliation's figures under this prefix
 # (k25exp.report.reconcile), among them recon.profiler_slowdown = (profiled step +
 # between-steps gap) / TPOT, the step's period under the profiler over its period without

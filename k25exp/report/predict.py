@@ -51,8 +51,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     tpots, tpot_src = tpot or engine_tpot(macro)
     client = macro.history("tpot_ms_p50")
     if micro.one_rank:
-        sec.notes.append(f"{ONE_RANK}: the collectives and their wait count 0 ms at every level "
-                         f"(the server ran on one rank: run {micro.one_rank.short})")
+        sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
+                         "the collectives and their wait count 0 ms at every level")
     for level, tpot in sorted(tpots.items()):
         parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
                  "moe": micro.at("moe", level)}

@@ -170,15 +170,22 @@ def test_only_what_needs_two_or_more_gpus_is_missing_from_a_one_rank_campaign():
     assert "needs two or more GPUs" not in link.collectives(two).figures[0].missing
 
 
-def test_the_report_of_a_one_rank_campaign_misses_only_multi_gpu_figures(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rank_of", [None, "8"])
+def test_the_report_of_a_one_rank_campaign_misses_only_multi_gpu_figures(tmp_path, monkeypatch,
+                                                                          rank_of):
     """Through the report's runner: every one-GPU phase ran (macro, profile, gemm,
-    spec_decode); every figure left missing needs two or more GPUs, and says so."""
+    spec_decode); every figure left missing needs two or more GPUs, and says so. With
+    model.tp_rank_of (one TP-8 rank) the TP-8 section too: its measured burst and its
+    wait/transport split."""
     import k25exp.runners.campaign_report as runner
     from k25exp.config.validate import to_typed
     from k25exp.tracking import MemoryRecorder
     from tests.conftest import compose_cfg
 
     c = one_rank_campaign()
+    if rank_of:
+        for r in c.runs:
+            r.params.update({"model.tp_rank_of": rank_of, "model.num_key_value_heads": "8"})
     c.runs += [run("spec_decode", 30, {**ONE, "experiment.method": "ngram",
                                        "experiment.num_speculative_tokens": "3"},
                    {"single_stream_tpot_ms": 4.0, "baseline/single_stream_tpot_ms": 6.0,
@@ -202,3 +209,7 @@ def test_the_report_of_a_one_rank_campaign_misses_only_multi_gpu_figures(tmp_pat
     assert ("nccl_burst, allreduce_sweep, all_to_all need two or more GPUs" in md
             or "all_to_all, allreduce_sweep, nccl_burst need two or more GPUs" in md)
     assert "| nccl_burst | missing (needs two or more GPUs) |" in md
+    if rank_of:
+        assert "## TP 8 predicted from one TP-8 rank on one device" in md
+        assert any(M.SCALEOUT_SPLIT.label in line for line in missing_rows)
+        assert any(M.SCALEOUT_BURST.label in line for line in missing_rows)

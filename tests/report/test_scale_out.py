@@ -129,3 +129,109 @@ def test_a_failed_sweeps_measured_levels_are_used_and_said_to_be():
     nothing = run("macro", 3, KIMI_RANK, steps={})
     nothing.status = "FAILED"
     assert Campaign("rank", "uri", [nothing]).closed_loop_macro() is None
+
+
+# ---- the collectives modelled per level: α + bytes / β (nccl-tests' bus bytes) ----------
+
+KIMI_SIZES = {"model.hidden_size": "7168", "model.vocab_size": "163840", "model.dtype_bytes": "2",
+              "hardware.device_name": "NVIDIA H200"}
+RANK_TPOT = {1: 6.77, 8: 7.35, 32: 9.55, 128: 17.81, 256: 32.64}  # the H200 rank, c = 1 … 256
+
+
+def composed_external() -> dict:
+    """experiment.scale_out.external as `experiment=report` composes it (the seed's burst on
+    the seed's box, conf/hardware/rtx_pro_6000_x8_pcie.yaml)."""
+    from k25exp.config.validate import to_typed
+    from tests.conftest import compose_cfg
+
+    cfg = to_typed(compose_cfg("experiment=report", "experiment.campaign=rank", "tracking=none",
+                               "experiment.tracking_uri=sqlite:///unused.db"), gpu_count=lambda: 0)
+    return dataclasses.asdict(cfg.experiment.scale_out.external)
+
+
+def kimi_rank():
+    return Campaign("rank", "uri", [run("macro", 1, {**KIMI_RANK, **KIMI_SIZES},
+                                        steps={"server_tpot_ms_mean": dict(RANK_TPOT)},
+                                        tags={"device_found": "NVIDIA H200"})])
+
+
+def by_hand(c, beta_gbps):
+    """The step's collectives at TP 8 (ms), written out: 123 all-reduces of c × 7168 × 2 B,
+    each moving 2 × 7/8 of it over the bus, + the logits all-gather of 163840 × c × 2 B in
+    all, 7/8 of it over the bus; α = 6.81 ms / 122 less one seed op's 14,336 B × 2 × 7/8."""
+    us = lambda nbytes: nbytes / (beta_gbps * 1e9) * 1e6
+    alpha = 6.81 / 122 * 1e3 - us(14336 * 2 * 7 / 8)
+    ar = alpha + us(c * 14336 * 2 * 7 / 8)
+    ag = alpha + us(163840 * c * 2 * 7 / 8)
+    return (123 * ar + ag) / 1e3
+
+
+def test_each_levels_collectives_scale_with_the_message_at_the_nominal_link():
+    ext = composed_external()
+    assert ext["hardware"]["name"] == "rtx_pro_6000_x8_pcie" and ext["hardware"]["link_gbps"] == 63.0
+    sec, per = scale_out(kimi_rank(), ext)
+    assert sorted(per) == [1, 8, 32, 128, 256]
+    for c, rank in RANK_TPOT.items():
+        comm = by_hand(c, 63.0)
+        assert per[c][M.SCALEOUT_COMM_PRED] == pytest.approx(comm)
+        assert per[c][M.SCALEOUT_TPOT_PRED] == pytest.approx(rank + comm)
+        assert per[c][M.SCALEOUT_TOK_S_PRED] == pytest.approx(c / (rank + comm) * 1e3)
+    # at batch 1 the model passes through the seed's burst: 124 ops at ~55.8 µs each
+    assert by_hand(1, 63.0) == pytest.approx(6.81 / 122 * 124, rel=1e-3)
+    # c = 128: 1,835,008 B per all-reduce; the collectives cost about twice batch 1's
+    assert by_hand(128, 63.0) == pytest.approx(13.73, abs=0.01)
+    table = sec.tables[0]
+    rows = {r[0]: r for r in table.rows}
+    assert rows[128][2] == 128 * 14336  # the all-reduce's bytes
+    assert "β 63 GB/s nominal" in table.note and "PCIe Gen5 x16" in table.note
+    # beside the seed's measured figures, and the rank's other GPUs said
+    assert table.columns[-2:] == ["seed TPOT ms (measured)", "seed tok/s (measured)"]
+    assert rows[1][-2:] == ["12–13", ""] and rows[128][-2:] == ["", 1536.0]
+    assert "other GPUs: the rank ran on NVIDIA H200" in table.note
+    assert "8 × NVIDIA RTX PRO 6000 Blackwell Server Edition" in table.note
+    assert any(n.startswith("assumed: each collective costs α + bus bytes / β") for n in sec.notes)
+
+
+def test_a_measured_allreduce_sweep_on_the_n_gpu_box_gives_beta():
+    sweep = Campaign("h200x8", "uri", [
+        run("allreduce_sweep", 0, {"hardware.world_size": "8", "hardware.name": "h200_x8_nvlink"},
+            steps={"busbw_gbps": {1024: 5.0, 1 << 20: 40.0, 1 << 26: 120.0}})])
+    sec, per = scale_out(kimi_rank(), composed_external(), lambda: sweep)
+    for c, rank in RANK_TPOT.items():  # β = the busbw at the largest message, 120 GB/s
+        assert per[c][M.SCALEOUT_TPOT_PRED] == pytest.approx(rank + by_hand(c, 120.0))
+    assert "β 120 GB/s measured" in sec.tables[0].note
+    assert any("(α; β from its allreduce_sweep)" in n for n in sec.notes)
+    # a burst of the step's collectives measured on that box comes first
+    sweep.runs.append(run("nccl_burst", 1, {"experiment.tokens": "1", "experiment.ops_per_step": "null",
+                                            "hardware.name": "h200_x8_nvlink"}, {"burst_ms": 1.0}))
+    sec, per = scale_out(kimi_rank(), composed_external(), lambda: sweep)
+    assert per[1][M.SCALEOUT_TPOT_PRED] == pytest.approx(6.77 + 1.0) and sorted(per) == [1]
+
+
+def test_what_only_n_gpus_can_give_is_missing_with_that_reason():
+    sec, _ = scale_out(kimi_rank(), composed_external())
+    gone = {f.label: f.missing for f in sec.figures if f.value is None}
+    assert set(gone) == {M.SCALEOUT_BURST.label, M.SCALEOUT_SPLIT.label}
+    assert all(w.startswith("missing: needs two or more GPUs (8 serving the whole model at TP 8)")
+               for w in gone.values())
+    bursts = Campaign("h200x8", "uri", [run("nccl_burst", 0, {"experiment.tokens": "1",
+                                                              "experiment.ops_per_step": "null"},
+                                            {"burst_ms": 1.0})])
+    sec, _ = scale_out(kimi_rank(), composed_external(), lambda: bursts)
+    assert {f.label for f in sec.figures if f.value is None} == {M.SCALEOUT_SPLIT.label}
+
+
+def test_the_external_box_is_a_hardware_config_checked_like_one():
+    from k25exp.config.validate import ConfigError, to_typed
+    from tests.conftest import compose_cfg
+
+    base = ("experiment=report", "experiment.campaign=rank", "tracking=none",
+            "experiment.tracking_uri=sqlite:///unused.db")
+    other = to_typed(compose_cfg(*base, "hardware@experiment.scale_out.external.hardware=h200_x8_nvlink"),
+                     gpu_count=lambda: 0).experiment.scale_out.external.hardware
+    assert (other.name, other.link_gbps, other.world_size) == ("h200_x8_nvlink", 450.0, 8)
+    with pytest.raises(ConfigError, match="experiment.scale_out.external.hardware.link_gbps_source"):
+        to_typed(compose_cfg(*base, "experiment.scale_out.external.hardware.link_gbps_source=a guess"),
+                 gpu_count=lambda: 0)
+    none = to_typed(compose_cfg(*base, "experiment.scale_out.external.hardware=null"), gpu_count=lambda: 0)
+    assert none.experiment.scale_out.external.hardware is None

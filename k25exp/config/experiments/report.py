@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, List, Optional
+from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from k25exp import nominal
 from k25exp.config.experiments.base import ExperimentBase, experiment
+from k25exp.config.schema import HardwareConfig
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -27,12 +29,23 @@ class ExternalBurst:
     # The seed campaign's own serving figures, quoted as such.
     seed: str = ("the seed campaign served Kimi-K2.5 INT4 at TP 8 on 8 x RTX PRO 6000 PCIe: "
                  "TPOT 12-13 ms at batch 1, throughput plateau ~1,536 tok/s at concurrency 128")
+    # The same figures by concurrency, shown beside the prediction at that level: TPOT in ms
+    # (low, high) and output tokens per second.
+    seed_tpot_ms: Dict[int, List[float]] = field(default_factory=lambda: {1: [12.0, 13.0]})
+    seed_tok_s: Dict[int, float] = field(default_factory=lambda: {128: 1536.0})
+    # The box the burst was measured on (a conf/hardware group; report.yaml composes
+    # rtx_pro_6000_x8_pcie, the seed's): its link rate (hardware.link_gbps, nominal unless its
+    # link_gbps_source says measured) is the collectives' β where no all-reduce sweep was
+    # measured on the N-GPU box. null = no link rate: the burst's time per op at every batch.
+    hardware: Optional[HardwareConfig] = None
 
 
 @dataclass
 class ScaleOutConfig:
     # The campaign whose nccl_burst runs measured the step's collectives on the N-GPU box
-    # (hardware.tp = N, the whole model); null = none: the external burst below is used.
+    # (hardware.tp = N, the whole model), or whose allreduce_sweep measured its bus bandwidth
+    # (β of the modelled collectives); null = none: the external burst below, priced per
+    # level at its box's link rate.
     collectives_campaign: Optional[str] = None
     external: ExternalBurst = field(default_factory=ExternalBurst)
 
@@ -80,4 +93,12 @@ class ReportConfig(ExperimentBase):
             problems.append(f"experiment.alphas={self.alphas}: acceptance rates must lie in [0, 1]")
         if any(k < 1 for k in self.draft_lengths):
             problems.append(f"experiment.draft_lengths={self.draft_lengths}: expected draft lengths >= 1")
+        box = self.scale_out.external.hardware
+        if box is not None:  # β of the modelled collectives at TP N (k25exp.report.scale_out)
+            key = "experiment.scale_out.external.hardware"
+            if not box.link_gbps > 0:
+                problems.append(f"{key}.link_gbps={box.link_gbps}: expected a link rate > 0 GB/s")
+            why = nominal.check("link_gbps", box.link_gbps_source)
+            if why:
+                problems.append(why.replace("hardware.", f"{key}.", 1))
 
