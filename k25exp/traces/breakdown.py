@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from k25exp import stats
-from k25exp.traces import gloo
+from k25exp.traces import collectives, gloo
 from k25exp.traces.comm_split import (
     CommCalls,
     CommSplit,
@@ -105,6 +105,7 @@ class RankBreakdown:
     comm_split: RankSplit | None = None     # set by analyze() when the ranks could be matched
     steps_grown: int = 0                    # GPU: steps extended over a trailing collective
     gloo_ext: gloo.Extension | None = None  # CPU traces: collectives given their gloo worker's end
+    collectives: dict[str, int] | None = None  # GPU: how collective kernels were attributed
 
     @property
     def steps_analysed(self) -> int:
@@ -273,6 +274,7 @@ def _rank_dict(r: RankBreakdown, top: int) -> dict:
         "metrics": r.metrics(),
         "comm_split": _split_dict(r),
         "steps_grown_over_trailing_collectives": r.steps_grown,
+        "collectives": r.collectives,
         "gloo": (None if r.gloo_ext is None else
                  {"calls_extended": r.gloo_ext.paired, "spans_unclaimed": r.gloo_ext.unclaimed}),
         "top_kernels": [_kernel_dict(k, 100.0 * k.total_us / t) for k in r.kernels[:top]],
@@ -343,20 +345,13 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     warnings = list(sel.warnings)
     steps = sel.steps
 
-    # Category of every (name, trace category) pair, then of every event.
     idx = np.flatnonzero(mask)
-    n_cats_trace = len(trace.cats)
-    pair = trace.name_id[idx].astype(np.int64) * n_cats_trace + trace.cat_id[idx]
-    upair, pair_inv = np.unique(pair, return_inverse=True)
     cat_index = {c: i for i, c in enumerate(rules.categories)}
-    pair_cat = np.array([cat_index[rules.classify(trace.names[p // n_cats_trace],
-                                                  trace.cats[p % n_cats_trace])]
-                         for p in upair.tolist()], dtype=np.int16)
-    ev_pair = pair_inv.astype(np.int32)
-    del pair, pair_inv
+    comm_idx = [cat_index[c] for c in communication_categories(rules.categories, rules.groups)]
+    pairs = _categorise(trace, idx, rules, comm_idx, device)
+    ev_pair, pair_cat = pairs.ev_pair, pairs.category
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
-    comm_idx = [cat_index[c] for c in communication_categories(rules.categories, rules.groups)]
     trailing = 0
     if device and sel.source != "window":
         trailing = _take_trailing_collectives(steps, start, end, np.isin(pair_cat[ev_pair], comm_idx))
@@ -386,10 +381,10 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
 
     # Per name: time inside steps and calls starting inside steps.
     t_in = win.overlap(seg_s, seg_e).astype(np.float64)
-    total_ns = np.bincount(seg_pair, weights=t_in, minlength=upair.size)
-    calls = np.bincount(ev_pair[win.index(start) >= 0], minlength=upair.size)
+    total_ns = np.bincount(seg_pair, weights=t_in, minlength=pair_cat.size)
+    calls = np.bincount(ev_pair[win.index(start) >= 0], minlength=pair_cat.size)
     order = np.argsort(-total_ns, kind="stable")
-    kernels = [KernelStat(trace.names[int(upair[i]) // n_cats_trace],
+    kernels = [KernelStat(trace.names[int(pairs.name_id[i])],
                           rules.categories[int(pair_cat[i])], int(calls[i]), float(total_ns[i]) / 1e3)
                for i in order.tolist() if total_ns[i] > 0 or calls[i] > 0]
 
@@ -402,7 +397,40 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         events_total=trace.events_total, events_kept=trace.n_events, bytes_read=trace.bytes_read,
         read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings, comm=comm,
         gloo_ext=gloo_ext, steps_grown=trailing,
+        collectives=pairs.attribution.counts() if device else None,
     )
+
+
+@dataclass
+class _Pairs:
+    """The analysed events grouped by (name, trace category, category): each event's pair,
+    and each pair's name id and category (a kernel name run by several collectives is a
+    pair per collective)."""
+
+    ev_pair: np.ndarray       # int32 per event
+    name_id: np.ndarray       # per pair
+    category: np.ndarray      # int16 per pair, into the rules' categories
+    attribution: collectives.Attribution
+
+
+def _categorise(trace: Trace, idx: np.ndarray, rules: Rules, comm_idx: list[int],
+                device: bool) -> _Pairs:
+    """Category of every analysed event: by its name (one rules lookup per distinct name
+    and trace category), then collective kernels by what launched them (collectives)."""
+    n_tc = len(trace.cats)
+    pair = trace.name_id[idx].astype(np.int64) * n_tc + trace.cat_id[idx]
+    upair, inv = np.unique(pair, return_inverse=True)
+    inv = inv.reshape(-1)
+    by_name = np.array([rules.categories.index(rules.classify(trace.names[p // n_tc],
+                                                               trace.cats[p % n_tc]))
+                        for p in upair.tolist()], dtype=np.int64).reshape(upair.size)
+    attr = collectives.attribute(trace, idx, by_name[inv], comm_idx, rules, device)
+    if np.array_equal(attr.category, by_name[inv]):
+        return _Pairs(inv.astype(np.int32), upair // n_tc, by_name.astype(np.int16), attr)
+    n_cat = len(rules.categories)
+    upair, inv = np.unique(pair * n_cat + attr.category, return_inverse=True)
+    return _Pairs(inv.reshape(-1).astype(np.int32), upair // n_cat // n_tc,
+                  (upair % n_cat).astype(np.int16), attr)
 
 
 def _take_trailing_collectives(steps: list[Step], start: np.ndarray, end: np.ndarray,

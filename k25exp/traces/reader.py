@@ -32,20 +32,34 @@ import re
 import threading
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, eq
+from operator import attrgetter, eq, is_not
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import orjson
 
-# Trace-event categories the analysis reads. Device work: kernels, memcpys, memsets (per
-# stream). Host work: operators (counted by self time). Step markers: user annotations.
+# Trace-event categories (Kineto's ActivityType names) the analysis reads. Device work:
+# kernels, memcpys, memsets (per stream). Host work: operators (counted by self time). Step
+# markers: user annotations. Launches: the host's runtime/driver calls, whose `correlation`
+# id a device event shares (what launched it).
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_CATS = ("cpu_op",)
 ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xpu_driver",
+               "privateuse1_runtime", "privateuse1_driver", "mlu_runtime")
+# Known, and not work: Python frames, profiler overhead and markers, other host-side
+# records, and device-side synchronisation records (waits, not work). A complete event of
+# any category in none of these lists is counted as unrecognised and named in a warning.
+OTHER_KNOWN_CATS = ("python_function", "overhead", "cpu_instant_event", "external_correlation",
+                    "glow_runtime", "cuda_profiler_range", "hpu_op", "cuda_sync", "cuda_event",
+                    "xpu_sync", "mlu_user_annotation", "mlu_profiler_range", "mlu_notifier",
+                    "Trace")
+# The host operator torch records a collective's parameters in; its args name the collective.
+COMMS_OP = "record_param_comms"
 # Annotations worth keeping: vLLM's step markers (execute_...), torch's ProfilerStep#N, and
 # gloo's worker-thread spans of the collectives they run (k25exp.traces.gloo).
 ANNOTATION_PREFIXES = ("execute_", "ProfilerStep#", "gloo:")
@@ -97,6 +111,10 @@ class Trace:
     annotations: list[Annotation]
     base_us: float
     metadata: dict[str, Any] = field(default_factory=dict)
+    corr: np.ndarray | None = None    # int64 per kept work event: args.correlation, -1 if none
+    coll: dict[int, str] = field(default_factory=dict)  # work event -> args["Collective name"]
+    launches: Launches | None = None   # what launched each device event (by correlation)
+    unrecognised: dict[str, int] = field(default_factory=dict)  # complete events, by category
     events_total: int = 0
     bytes_read: int = 0
     read_s: float = 0.0
@@ -117,6 +135,23 @@ class Trace:
     def has_device_work(self) -> bool:
         dev = [i for i, c in enumerate(self.cats) if c in DEVICE_CATS]
         return bool(dev) and bool(np.isin(self.cat_id, dev).any())
+
+
+@dataclass
+class Launches:
+    """The host's runtime/driver calls that carry a correlation id (the id of the device
+    event they launched), sorted by it: where (lane) and when each launch happened."""
+
+    corr: np.ndarray       # int64, sorted
+    lane: np.ndarray       # int32, into Trace.lanes
+    start_ns: np.ndarray   # int64, on the trace's zero
+
+    def find(self, corr: np.ndarray) -> np.ndarray:
+        """Index of the launch of each correlation id, -1 where none was recorded."""
+        i = np.searchsorted(self.corr, corr)
+        ok = i < self.corr.size
+        ok[ok] = self.corr[i[ok]] == corr[ok]
+        return np.where(ok & (corr >= 0), i, -1)
 
 
 class _Inflater:
@@ -211,12 +246,17 @@ class _Inflater:
         self.f.close()
 
 
-# Typed decoding: msgspec builds only these fields and skips the rest (args are kept raw,
-# unparsed, for the few annotations that need their "External id"). 4x faster than a
-# generic parse on Kineto traces. Chunks that do not fit these types (a string ts, a
+# Typed decoding: msgspec builds only these fields and skips the rest (of args, only the
+# three ids below). 4x faster than a generic parse on Kineto traces. Chunks that do not fit these types (a string ts, a
 # non-object element) are parsed generically with orjson instead.
 try:
     import msgspec
+
+    class _Args(msgspec.Struct, gc=False):
+        """The args the analysis reads; any other key is skipped unbuilt."""
+        correlation: Any = None                                    # device event <-> launch
+        ext: Any = msgspec.field(default=None, name="External id")  # device <-> host annotation
+        coll: Any = msgspec.field(default=None, name="Collective name")  # record_param_comms, NCCL kernels
 
     class _Ev(msgspec.Struct, gc=False):
         ph: str = ""
@@ -226,7 +266,7 @@ try:
         tid: Any = None
         ts: float = 0.0
         dur: float = 0.0
-        args: msgspec.Raw = msgspec.Raw(b"null")
+        args: _Args = msgspec.field(default_factory=_Args)
 
     _FAST = msgspec.json.Decoder(list[_Ev])
     _FastError = msgspec.DecodeError
@@ -544,8 +584,25 @@ def iter_event_chunks(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         inf.close()
 
 
-_G_CAT, _G_PH, _G_NAME, _G_PID, _G_TID, _G_TS, _G_DUR = (
-    attrgetter(f) for f in ("cat", "ph", "name", "pid", "tid", "ts", "dur"))
+_G_CAT, _G_PH, _G_NAME, _G_PID, _G_TID, _G_TS, _G_DUR, _G_CORR, _G_COLL = (
+    attrgetter(f) for f in ("cat", "ph", "name", "pid", "tid", "ts", "dur", "args.correlation",
+                            "args.coll"))
+_KNOWN, _UNKNOWN = -1, -2   # category codes of the events that are not read
+
+
+def _int_ids(values: list) -> np.ndarray:
+    """Integer ids (correlation), -1 where missing or not an integer."""
+    try:
+        return np.array(values, dtype=np.int64).reshape(len(values))
+    except (TypeError, ValueError, OverflowError):  # a missing one (None), or not a number
+        return np.fromiter((v if type(v) is int and -2**63 <= v < 2**63 else -1 for v in values),
+                           dtype=np.int64, count=len(values))
+
+
+def unrecognised_text(counts: dict[str, int]) -> str:
+    """'cat (n), ...', most frequent first."""
+    return ", ".join(f"{c or '(none)'} ({n})"
+                     for c, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 class _Columns:
@@ -556,8 +613,11 @@ class _Columns:
 
     def __init__(self) -> None:
         cats = DEVICE_CATS + CPU_CATS
+        self.n_dev = len(DEVICE_CATS)
         self.n_work = len(cats)
-        self.code = {c: i for i, c in enumerate(cats + ANNOTATION_CATS)}
+        self.launch_code = self.n_work + len(ANNOTATION_CATS)   # codes from here on: launches
+        self.code = {c: i for i, c in enumerate(cats + ANNOTATION_CATS + LAUNCH_CATS)}
+        self.code.update(dict.fromkeys(OTHER_KNOWN_CATS, _KNOWN))
         self.names: dict[str, int] = {}
         self.lanes: dict[tuple, int] = {}
         self.next_id = 0
@@ -566,8 +626,15 @@ class _Columns:
         self.lane_id: list[np.ndarray] = []
         self.ts: list[np.ndarray] = []
         self.dur: list[np.ndarray] = []
+        self.corr: list[np.ndarray] = []
+        self.coll: dict[int, str] = {}
         self.annotations: list[tuple[str, str, float, float, int, Any]] = []
+        self.launch_corr: list[np.ndarray] = []
+        self.launch_lane: list[np.ndarray] = []
+        self.launch_ts: list[np.ndarray] = []
+        self.unrecognised: Counter[str] = Counter()
         self.n_total = 0
+        self.n_kept = 0
 
     def _ids(self, table: dict, make_keys, n: int) -> np.ndarray:
         """Interned ids of the n keys that make_keys() iterates over."""
@@ -593,41 +660,92 @@ class _Columns:
 
     def _add_structs(self, events: list) -> None:
         n = len(events)
-        code = np.fromiter(map(self.code.get, map(_G_CAT, events), repeat(-1)),
+        code = np.fromiter(map(self.code.get, map(_G_CAT, events), repeat(_UNKNOWN)),
                            dtype=np.int8, count=n)
         is_x = np.fromiter(map(eq, map(_G_PH, events), repeat("X")), dtype=bool, count=n)
         work = (code >= 0) & (code < self.n_work) & is_x
         k = int(work.sum())
         if k:
             kept = list(compress(events, work.tolist())) if k < n else events
-            self.name_id.append(self._ids(self.names, lambda: map(_G_NAME, kept), k))
-            self.cat_id.append(code[work])
+            codes = code[work]
+            name_ids = self._ids(self.names, lambda: map(_G_NAME, kept), k)
+            self.name_id.append(name_ids)
+            self.cat_id.append(codes)
             self.lane_id.append(self._ids(
                 self.lanes, lambda: zip(map(_G_PID, kept), map(_G_TID, kept)), k))
             self.ts.append(np.fromiter(map(_G_TS, kept), dtype=np.float64, count=k))
             self.dur.append(np.fromiter(map(_G_DUR, kept), dtype=np.float64, count=k))
-        for i in np.flatnonzero((code >= self.n_work) & is_x).tolist():
+            self._add_links(kept, codes, name_ids)
+        for i in np.flatnonzero((code >= self.n_work) & (code < self.launch_code) & is_x).tolist():
             e = events[i]
-            if not e.name.startswith(ANNOTATION_PREFIXES):
-                continue
-            ext = None
-            try:
-                args = msgspec.json.decode(e.args)
-                if isinstance(args, dict):
-                    ext = args.get("External id")
-            except msgspec.DecodeError:  # pragma: no cover - msgspec validated it
-                pass
-            self.annotations.append((e.name, e.cat, e.ts, e.dur, self._lane(e.pid, e.tid), ext))
+            if e.name.startswith(ANNOTATION_PREFIXES):
+                self.annotations.append((e.name, e.cat, e.ts, e.dur, self._lane(e.pid, e.tid),
+                                         e.args.ext))
+        launch = (code >= self.launch_code) & is_x
+        if launch.any():
+            calls = list(compress(events, launch.tolist()))
+            self._add_launches(_int_ids(list(map(_G_CORR, calls))), lambda: zip(
+                map(_G_PID, calls), map(_G_TID, calls)), list(map(_G_TS, calls)))
+        unknown = (code == _UNKNOWN) & is_x
+        if unknown.any():
+            self.unrecognised.update(map(_G_CAT, compress(events, unknown.tolist())))
+
+    def _add_links(self, kept: list, codes: np.ndarray, name_ids: np.ndarray) -> None:
+        """Correlation ids of the device events, and "Collective name" where a device event
+        or a record_param_comms operator (the only operator torch gives one) has it: read
+        from C, only the few events that have a name reach Python."""
+        k = len(kept)
+        corr = np.full(k, -1, dtype=np.int64)
+        dev = codes < self.n_dev
+        if dev.any():
+            pos = np.flatnonzero(dev)
+            devs = list(compress(kept, dev.tolist())) if pos.size < k else kept
+            corr[pos] = _int_ids(list(map(_G_CORR, devs)))
+            self._add_colls(devs, pos)
+        rpc = self.names.get(COMMS_OP)
+        if rpc is not None:
+            pos = np.flatnonzero((name_ids == rpc) & ~dev)
+            self._add_colls([kept[i] for i in pos.tolist()], pos)
+        self.corr.append(corr)
+        self.n_kept += k
+
+    def _add_colls(self, events: list, pos: np.ndarray) -> None:
+        colls = list(map(_G_COLL, events))
+        named = np.fromiter(map(is_not, colls, repeat(None)), dtype=bool, count=len(colls))
+        for i in np.flatnonzero(named).tolist():
+            if type(colls[i]) is str:
+                self.coll[self.n_kept + int(pos[i])] = colls[i]
+
+    def _add_launches(self, corr: np.ndarray, make_lanes, ts: list) -> None:
+        lanes = self._ids(self.lanes, make_lanes, corr.size)
+        try:
+            t = np.array(ts, dtype=np.float64).reshape(corr.size)
+        except (TypeError, ValueError):  # a launch without a usable time: not a link
+            t = np.array([v if type(v) in (int, float) else np.nan for v in ts], dtype=np.float64)
+        ok = (corr >= 0) & np.isfinite(t)
+        self.launch_corr.append(corr[ok])
+        self.launch_lane.append(lanes[ok])
+        self.launch_ts.append(t[ok])
 
     def _add_generic(self, events: list) -> None:
-        nm_l, cid, keys, ts_l, dur_l = [], [], [], [], []
+        nm_l, cid, keys, ts_l, dur_l, corr_l, coll_l = [], [], [], [], [], [], []
+        l_corr, l_keys, l_ts = [], [], []
         n_work = self.n_work
         for e in events:
             if type(e) is not dict or e.get("ph") != "X":
                 continue
             c = e.get("cat")
-            k = self.code.get(c, -1) if type(c) is str else -1
+            k = self.code.get(c, _UNKNOWN) if type(c) is str else _UNKNOWN
+            if k == _UNKNOWN:
+                self.unrecognised[c if type(c) is str else ""] += 1
             if k < 0:
+                continue
+            args = e.get("args")
+            args = args if type(args) is dict else {}
+            if k >= self.launch_code:
+                l_corr.append(args.get("correlation"))
+                l_keys.append((e.get("pid"), e.get("tid")))
+                l_ts.append(e.get("ts"))
                 continue
             try:
                 ts = float(e["ts"])
@@ -639,21 +757,29 @@ class _Columns:
                 nm = str(nm)
             if k >= n_work:
                 if nm.startswith(ANNOTATION_PREFIXES):
-                    args = e.get("args")
-                    ext = args.get("External id") if type(args) is dict else None
-                    self.annotations.append((nm, c, ts, dur, self._lane(e.get("pid"), e.get("tid")), ext))
+                    self.annotations.append((nm, c, ts, dur, self._lane(e.get("pid"), e.get("tid")),
+                                             args.get("External id")))
                 continue
             nm_l.append(nm)
             cid.append(k)
             keys.append((e.get("pid"), e.get("tid")))
             ts_l.append(ts)
             dur_l.append(dur)
+            corr_l.append(args.get("correlation") if k < self.n_dev else None)
+            coll_l.append(args.get("Collective name") if k < self.n_dev or nm == COMMS_OP else None)
         if nm_l:
             self.name_id.append(self._ids(self.names, lambda: nm_l, len(nm_l)))
             self.cat_id.append(np.array(cid, dtype=np.int8))
             self.lane_id.append(self._ids(self.lanes, lambda: keys, len(keys)))
             self.ts.append(np.array(ts_l, dtype=np.float64))
             self.dur.append(np.array(dur_l, dtype=np.float64))
+            self.corr.append(_int_ids(corr_l))
+            for i, v in enumerate(coll_l):
+                if type(v) is str:
+                    self.coll[self.n_kept + i] = v
+            self.n_kept += len(nm_l)
+        if l_corr:
+            self._add_launches(_int_ids(l_corr), lambda: l_keys, l_ts)
 
     @staticmethod
     def _renumber(table: dict, ids: np.ndarray) -> tuple[list, np.ndarray]:
@@ -663,15 +789,17 @@ class _Columns:
         lookup[old] = np.arange(old.size, dtype=np.int32)
         return [k for k, _ in items], lookup[ids]
 
-    def finish(self) -> tuple[list[str], list[tuple], np.ndarray, np.ndarray]:
+    def finish(self) -> tuple[list[str], list[tuple], np.ndarray, np.ndarray, np.ndarray]:
+        """Names, lanes, and the renumbered name ids, lane ids and launch lane ids."""
         names, name_id = self._renumber(self.names, np.concatenate(self.name_id))
-        lanes_all = np.concatenate(self.lane_id)
-        ann_lanes = np.array([a[4] for a in self.annotations], dtype=np.int64)
-        lanes, both = self._renumber(self.lanes, np.concatenate([lanes_all, ann_lanes]))
-        lane_id = both[: lanes_all.size]
-        self.annotations = [(*a[:4], int(l), a[5]) for a, l in
-                            zip(self.annotations, both[lanes_all.size:].tolist())]
-        return names, lanes, name_id, lane_id
+        parts = [np.concatenate(self.lane_id),
+                 np.array([a[4] for a in self.annotations], dtype=np.int64),
+                 np.concatenate(self.launch_lane or [np.zeros(0, dtype=np.int64)])]
+        lanes, both = self._renumber(self.lanes, np.concatenate(parts))
+        a, b = parts[0].size, parts[0].size + parts[1].size
+        self.annotations = [(*x[:4], int(ln), x[5]) for x, ln in
+                            zip(self.annotations, both[a:b].tolist())]
+        return names, lanes, name_id, both[:a], both[b:]
 
 
 _EvType = _Ev if _FAST is not None else None
@@ -679,8 +807,9 @@ _EvType = _Ev if _FAST is not None else None
 
 def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: bool = True
                ) -> Trace:
-    """Reads one trace file, keeping only work events (device kernels, memcpys, memsets;
-    CPU operators) and vLLM/torch step annotations. `fast=False` forces the generic orjson
+    """Reads one trace file, keeping only work events (device kernels, memcpys, memsets,
+    MTIA device events; CPU operators), vLLM/torch step annotations, the host launches that
+    link device events to what launched them, and a count of unrecognised event kinds. `fast=False` forces the generic orjson
     path (the one used when msgspec is missing)."""
     path = Path(path)
     t0 = time.perf_counter()
@@ -692,9 +821,12 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
     if cols.n_total == 0:
         raise TraceError(path, "empty trace: traceEvents holds no events")
     if not cols.name_id:
-        raise TraceError(path, f"no device kernels/memcpys/memsets and no CPU operator events "
-                               f"among {cols.n_total} events: nothing to analyse")
-    names, lanes, name_id, lane_id = cols.finish()
+        unknown = (f"; events of unrecognised kinds: {unrecognised_text(cols.unrecognised)}"
+                   if cols.unrecognised else "")
+        raise TraceError(path, f"no device work events ({', '.join(DEVICE_CATS)}) and no CPU "
+                               f"operator events among {cols.n_total} events: nothing to "
+                               f"analyse{unknown}")
+    names, lanes, name_id, lane_id, launch_lane = cols.finish()
     ts = np.concatenate(cols.ts)
     dur = np.maximum(np.concatenate(cols.dur), 0.0)
     base = float(np.floor(ts.min()))
@@ -705,6 +837,11 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
         s = int(round((a_ts - base) * 1000.0))
         annotations.append(Annotation(nm, c, s, s + max(0, int(round(a_dur * 1000.0))), ln,
                                       ext if type(ext) is int else None))
+    launch_corr = np.concatenate(cols.launch_corr or [np.zeros(0, dtype=np.int64)])
+    order = np.argsort(launch_corr, kind="stable")
+    launch_ts = np.concatenate(cols.launch_ts or [np.zeros(0)])[order]
+    launches = Launches(launch_corr[order], launch_lane[order].astype(np.int32),
+                        np.rint((launch_ts - base) * 1000.0).astype(np.int64))
     return Trace(
         path=path,
         names=names,
@@ -718,6 +855,10 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
         annotations=annotations,
         base_us=base,
         metadata=meta,
+        corr=np.concatenate(cols.corr),
+        coll=cols.coll,
+        launches=launches,
+        unrecognised=dict(cols.unrecognised),
         events_total=cols.n_total,
         bytes_read=nbytes,
         read_s=time.perf_counter() - t0,
