@@ -1,8 +1,10 @@
 """Per-step, per-category busy time of each rank's trace, and figures across ranks.
 
 What counts as work:
-* GPU traces (any kernel / gpu_memcpy / gpu_memset event): device activity on every stream of
-  the rank; host-side operators are ignored.
+* GPU traces, or any device's (a kernel / gpu_memcpy / gpu_memset event, MTIA's
+  mtia_ccp_events: reader.DEVICE_CATS): device activity on every stream of the rank;
+  host-side operators are ignored. Events of kinds the reader does not recognise are
+  counted and named in a warning, not analysed.
 * CPU-only traces (vLLM's CPU build): `cpu_op` events on every thread, each instant owned by
   the innermost operator running then (self time), so nested operators count once.
 
@@ -59,6 +61,7 @@ from k25exp.traces.reader import (
     Trace,
     TraceError,
     read_trace,
+    unrecognised_text,
 )
 from k25exp.traces.rules import Rules, load_rules
 from k25exp.traces.steps import Step, between_steps_ns, select_steps
@@ -83,7 +86,7 @@ class RankBreakdown:
     label: str
     path: str
     rank: int | None
-    mode: str                       # "gpu" | "cpu"
+    mode: str                       # "gpu" (device work, any accelerator) | "cpu"
     step_source: str                # gpu_user_annotation | user_annotation | window
     categories: list[str]
     groups: dict[str, list[str]]
@@ -106,6 +109,8 @@ class RankBreakdown:
     steps_grown: int = 0                    # GPU: steps extended over a trailing collective
     gloo_ext: gloo.Extension | None = None  # CPU traces: collectives given their gloo worker's end
     collectives: dict[str, int] | None = None  # GPU: how collective kernels were attributed
+    device_events: dict[str, int] = field(default_factory=dict)  # device work events, by kind
+    unrecognised: dict[str, int] = field(default_factory=dict)   # events of unknown kinds, uncounted
 
     @property
     def steps_analysed(self) -> int:
@@ -275,6 +280,7 @@ def _rank_dict(r: RankBreakdown, top: int) -> dict:
         "comm_split": _split_dict(r),
         "steps_grown_over_trailing_collectives": r.steps_grown,
         "collectives": r.collectives,
+        "device_events": r.device_events, "unrecognised_events": r.unrecognised,
         "gloo": (None if r.gloo_ext is None else
                  {"calls_extended": r.gloo_ext.paired, "spans_unclaimed": r.gloo_ext.unclaimed}),
         "top_kernels": [_kernel_dict(k, 100.0 * k.total_us / t) for k in r.kernels[:top]],
@@ -342,7 +348,7 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
     codes = [i for i, c in enumerate(trace.cats) if c in wanted]
     mask = np.isin(trace.cat_id, codes)
     sel = select_steps(trace, device, mask, max_steps)
-    warnings = list(sel.warnings)
+    warnings = list(sel.warnings) + _unrecognised_warning(trace, device)
     steps = sel.steps
 
     idx = np.flatnonzero(mask)
@@ -398,7 +404,25 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings, comm=comm,
         gloo_ext=gloo_ext, steps_grown=trailing,
         collectives=pairs.attribution.counts() if device else None,
+        device_events=_device_events(trace), unrecognised=dict(trace.unrecognised),
     )
+
+
+def _device_events(trace: Trace) -> dict[str, int]:
+    counts = np.bincount(trace.cat_id, minlength=len(trace.cats))
+    return {c: int(n) for c, n in zip(trace.cats, counts.tolist()) if c in DEVICE_CATS and n}
+
+
+def _unrecognised_warning(trace: Trace, device: bool) -> list[str]:
+    """Events of kinds the reader does not know are not counted: say how many and which,
+    since device work among them would be missing (a trace of another accelerator would
+    otherwise read as CPU-only, in silence)."""
+    if not trace.unrecognised:
+        return []
+    n = sum(trace.unrecognised.values())
+    return [f"{n} complete events of kinds the analyser does not recognise were not counted: "
+            f"{unrecognised_text(trace.unrecognised)}; if they are device work, this breakdown "
+            f"misses it (analysed as a {'device' if device else 'CPU'} trace)"]
 
 
 @dataclass

@@ -43,10 +43,11 @@ import numpy as np
 import orjson
 
 # Trace-event categories (Kineto's ActivityType names) the analysis reads. Device work:
-# kernels, memcpys, memsets (per stream). Host work: operators (counted by self time). Step
-# markers: user annotations. Launches: the host's runtime/driver calls, whose `correlation`
-# id a device event shares (what launched it).
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# CUDA/ROCm kernels, memcpys and memsets (per stream), MTIA's device-side events, the
+# memcpys/memsets of Kineto's Cambricon MLU fork (its kernels are "kernel" too). Host work:
+# operators (counted by self time). Step markers: user annotations. Launches: the host's
+# runtime/driver calls, whose `correlation` id a device event shares (what launched it).
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events", "mlu_memcpy", "mlu_memset")
 CPU_CATS = ("cpu_op",)
 ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xpu_driver",

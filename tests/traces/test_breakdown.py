@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from k25exp.traces import TraceError, analyze, write_outputs
+from k25exp.traces import TraceError, analyze, summary_text, write_outputs
 from k25exp.traces.breakdown import IDLE
 from tests.traces.builders import DECODE, PREFILL, ev, op, rank_meta, step, write_trace
 
@@ -200,3 +200,37 @@ def test_zero_length_work_is_an_error_naming_the_file(tmp_path):
     p = write_trace(tmp_path / "zero.json", [ev(GEMM, 10, 0), ev(AR, 10, 0)])
     with pytest.raises(TraceError, match=f"{p}: nothing to analyse"):
         analyze([p])
+
+
+# --- device work of other kinds than CUDA's ---------------------------------------------
+
+def test_mtia_device_events_count_as_device_work(tmp_path):
+    # MTIA: host operators and runtime calls, device work as mtia_ccp_events on the device's
+    # lane; no step annotations, so the window runs from the first to the last device event:
+    # [10, 80) µs, of which a GEMM 30 µs and an RMSNorm 20 µs; idle 20 µs
+    events = [op("aten::mm", 0, 100),
+              ev("mtiaLaunchKernel", 2, 3, cat="mtia_runtime", pid=100, tid=100),
+              ev("gemm_bf16_kernel", 10, 30, cat="mtia_ccp_events", pid=1, tid=3),
+              ev("rms_norm_kernel", 60, 20, cat="mtia_ccp_events", pid=1, tid=3)]
+    a, r = _one(tmp_path, events)
+    assert r.mode == "gpu" and r.step_source == "window"
+    assert r.decode_step_ms == pytest.approx(0.07)
+    _close(r.shares(), {"gemm_dense": 300 / 7, "norm_activation": 200 / 7, IDLE: 200 / 7})
+    d = a.to_dict()["ranks"][0]
+    assert d["device_events"] == {"mtia_ccp_events": 2}
+    assert not any("recognise" in w for w in a.all_warnings())
+
+
+def test_unrecognised_event_kinds_are_named_not_dropped_in_silence(tmp_path):
+    # 3 + 2 complete events of kinds the analyser does not know, beside one host operator
+    events = [op("aten::mm", 0, 100)]
+    events += [ev("matmul", 10 * i, 5, cat="acme_kernel", pid=1, tid=2) for i in range(3)]
+    events += [ev("copy", 50 + 10 * i, 5, cat="acme_dma", pid=1, tid=2) for i in range(2)]
+    a, r = _one(tmp_path, events)
+    assert r.mode == "cpu"
+    warning = [w for w in a.all_warnings() if "recognise" in w]
+    assert warning == ["rank0: 5 complete events of kinds the analyser does not recognise were "
+                       "not counted: acme_kernel (3), acme_dma (2); if they are device work, "
+                       "this breakdown misses it (analysed as a CPU trace)"]
+    assert a.to_dict()["ranks"][0]["unrecognised_events"] == {"acme_kernel": 3, "acme_dma": 2}
+    assert warning[0] in summary_text(a)

@@ -219,3 +219,11 @@ def test_an_unclosed_trace_object_after_the_logs_says_what_was_expected(tmp_path
     e = _raises(_bad(tmp_path, "open.json", text[:-1].encode()), "cannot find the end")
     assert "cannot find the end of the traceEvents array" in str(e)
     assert "not valid JSON (truncated or corrupt file?)" in str(e)
+
+
+def test_a_trace_of_unrecognised_kinds_only_names_them(tmp_path):
+    events = [ev("matmul", 10 * i, 5, cat="acme_kernel") for i in range(3)]
+    events.append(ev("f", 0, 50, cat="python_function"))
+    e = _raises(write_trace(tmp_path / "acme.json", events), "nothing to analyse")
+    assert str(e).endswith("among 4 events: nothing to analyse; events of unrecognised kinds: "
+                           "acme_kernel (3)")
