@@ -83,6 +83,54 @@ def test_default_rules_shape():
     assert {"attention", "moe", "norm_activation", "memory", "other"} <= set(r.categories)
 
 
+# Names the rules once put in the wrong place (issue 35): fbgemm kernels matched `gemm`
+# ("fbgemm" in the name or in its argument types) though none is a GEMM; cuDNN
+# convolutions went to norm_activation when "relu" was in the name, else to other or
+# gemm_dense; ROCm's hipBLASLt / Tensile GEMMs (Cijk_...) went to other.
+NOT_WHERE_THEY_WERE = [
+    ("void split_embedding_codegen_forward_unweighted_kernel<float, float, float, long, 2ul>"
+     "(at::GenericPackedTensorAccessor<float, 1ul>, fbgemm_gpu::FixedDivisor)", "kernel", "other"),
+    ("void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_warp_per_row_1"
+     "<float, float, long, 4ul>(at::GenericPackedTensorAccessor<float, 1ul>, "
+     "fbgemm_gpu::FixedDivisor)", "kernel", "other"),
+    ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int>(int, int, int const*)", "kernel", "other"),
+    ("void fbgemm_gpu::_FP8rowwise_to_float_gpu_t<float>(unsigned char const*, int, int, float*)",
+     "kernel", "other"),
+    ("void fbgemm_gpu::bounds_check_indices_kernel<long>(at::GenericPackedTensorAccessor<long, "
+     "1ul>)", "kernel", "other"),
+    ("fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function", "cpu_op", "other"),
+    ("fbgemm::f8f8bf16_rowwise", "cpu_op", "gemm_quantized"),
+    ("volta_scudnn_128x64_relu_interior_nn_v1", "kernel", "convolution"),
+    ("volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "kernel", "convolution"),
+    ("volta_scudnn_128x128_stridedB_splitK_interior_nn_v1", "kernel", "convolution"),
+    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int)", "kernel", "convolution"),
+    ("void cudnn::cnn::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int)", "kernel",
+     "convolution"),
+    ("void implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, false, true>(int)",
+     "kernel", "convolution"),
+    ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x16_stage4_"
+     "warpsize2x2x1_g1_tensor16x8x8_kernel", "kernel", "convolution"),
+    ("aten::cudnn_convolution", "cpu_op", "convolution"),
+    ("aten::conv2d", "cpu_op", "convolution"),
+    ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float)", "kernel",
+     "norm_activation"),
+    ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI16x16x16x1_SN_1LDSB0_GRVW8_GSU1_ISA942_K1_MIWT4_4_"
+     "PGR2_PLR1_SIA3_SS1_SVW8_TLDS1_VWA4_VWB4_WG32_8_1_WGM8", "kernel", "gemm_dense"),
+    ("Cijk_Ailk_Bljk_HHS_BH_MT64x64x32_MI32x32x8x1_SE_K1", "kernel", "gemm_dense"),
+]
+
+
+@pytest.mark.parametrize("name, cat, expected", NOT_WHERE_THEY_WERE)
+def test_default_rules_fbgemm_convolutions_rocm_gemms(name, cat, expected):
+    assert load_rules().classify(name, cat) == expected
+
+
+def test_convolutions_are_compute_but_not_gemm():
+    r = load_rules()
+    assert "convolution" in r.categories and r.group_of("convolution") is None
+    assert r.categories.index("convolution") < r.categories.index("comm_allreduce")
+
+
 def _doc(*rules):
     return {"categories": ["a", "b", "other"], "groups": {"ab": ["a", "b"]}, "rules": list(rules)}
 
