@@ -3,7 +3,8 @@ two verdicts a figure's reader needs (was the GPU throttled, was it shared).
 
 Pure Python plus nvidia-ml-py (``pynvml``) when importable: no torch, Hydra or MLflow, so
 it runs and is tested anywhere. MLflow logging sits at the edge (k25exp.tracking.telemetry).
-  procs         this job's process tree, read from /proc
+  procs         whose a GPU process is: this job's tree, or the served engine's (the
+                process listening on an endpoint's port, and its children), from /proc
   nvml_sampler  the sampler thread and what it read
   summary       throttle and shared-GPU verdicts, summary figures, time series, CSV rows
 """

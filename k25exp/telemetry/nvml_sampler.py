@@ -2,8 +2,9 @@
 
 Per GPU and tick: SM and memory clocks, power, GPU and memory-controller utilisation, memory
 used, temperature and NVML's clock event (throttle) reasons. Every ``procs_every_s`` also
-the GPU's running compute processes, each told apart as the job's own or another's by its
-ancestry (procs.descends_from).
+the GPU's running compute processes, each told apart by its ancestry (procs.ancestry) as the
+job's own, the served engine's (a descendant of ``engine_pids``: the processes listening on the
+port of the endpoint the job measures, procs.served_engine) or another's.
 
 ``nvml`` is the pynvml module (nvidia-ml-py) or anything with its function names; tests
 pass a fake, since no GPU is at hand there. An NVML query a GPU does not support reads as
@@ -23,6 +24,10 @@ from k25exp.telemetry import procs
 
 # NVML's enum values (nvml.h; stable across releases), so a fake need not define them.
 CLOCK_SM, CLOCK_MEM, TEMPERATURE_GPU = 1, 2, 0
+
+# whose a GPU process is (NvmlSampler._whose), and how the process table names it
+JOB, ENGINE, OTHER = "job", "engine", "other"
+SEEN_AS = {JOB: "(this job)", ENGINE: "(the served engine)"}
 
 
 @dataclass
@@ -66,8 +71,9 @@ class GpuProcess:
     gpu: int
     pid: int
     used_mib: Optional[float]
-    ours: bool  # the job's process is among its ancestors
-    seen_as: Optional[str]  # "(this job)", another's command line, or None: not visible here
+    ours: bool  # the job's process, or the served engine's, is among its ancestors
+    # "(this job)", "(the served engine)", another's command line, or None: not visible here
+    seen_as: Optional[str]
 
 
 @dataclass
@@ -80,22 +86,27 @@ class SamplerResult:
     late_ticks: int  # ticks skipped because a tick overran its period
     errors: dict[str, str]
     ours_ever: set[int]  # every GPU process found to be this job's
+    engine_ever: set[int] = field(default_factory=set)  # ... to be the served engine's
+    engine_note: Optional[str] = None  # the served engine looked for: what was found; None: not
 
 
 class NvmlSampler:
     def __init__(self, nvml: Any, gpu_indices: list[int], period_s: float = 0.1,
                  procs_every_s: float = 1.0, job_pid: Optional[int] = None,
-                 proc_root: Path = Path("/proc"), clock: Callable[[], float] = time.time):
+                 proc_root: Path = Path("/proc"), clock: Callable[[], float] = time.time,
+                 engine_pids: frozenset[int] = frozenset(), engine_note: Optional[str] = None):
         if period_s <= 0:
             raise ValueError(f"telemetry period must be > 0 s, got {period_s}")
         self.nvml, self.period_s, self.procs_every_s = nvml, period_s, procs_every_s
         self.job_pid = os.getpid() if job_pid is None else job_pid
         self.proc_root, self.clock = proc_root, clock
+        self.engine_pids, self.engine_note = frozenset(engine_pids), engine_note
         self.samples: list[Sample] = []
         self.processes: list[GpuProcess] = []
         self.errors: dict[str, str] = {}
         self.ours_ever: set[int] = set()
-        self._judged: dict[int, bool] = {}  # pid → this job's? (pids are not reused in a run)
+        self.engine_ever: set[int] = set()
+        self._judged: dict[int, str] = {}  # pid → whose (pids are not reused in a run)
         self._names: dict[int, Optional[str]] = {}
         self.ticks = self.late_ticks = 0
         self.note = ""  # what is sampled, in words (the job's `telemetry` tag)
@@ -157,35 +168,48 @@ class NvmlSampler:
         return self._q(f"gpu{g.index}.processes", self.nvml.nvmlDeviceGetComputeRunningProcesses,
                        g.handle) or []
 
+    def _whose(self, pid: int) -> Optional[str]:
+        """JOB (the job process is an ancestor), ENGINE (one of engine_pids is), OTHER, or None:
+        not visible here."""
+        chain = procs.ancestry(pid, self.proc_root)
+        if chain is None:
+            return None
+        if self.job_pid in chain:
+            return JOB
+        return ENGINE if self.engine_pids.intersection(chain) else OTHER
+
     def check_processes(self, t: float) -> None:
-        """Each GPU's compute processes, each judged once by its ancestry: the job's (the job
-        process is an ancestor), another's (visible here, it is not), or unattributed (not
-        visible here). One that is unseen but gone from NVML's list when asked again exited
-        between the two reads: left out, as it can be judged neither way."""
+        """Each GPU's compute processes, each judged once by its ancestry: the job's, the
+        served engine's, another's (visible here, neither), or unattributed (not visible here).
+        One that is unseen but gone from NVML's list when asked again exited between the two
+        reads: left out, as it can be judged neither way."""
         for g in self.gpus:
             listed = self._list(g)
             unseen = set()
             for p in listed:
                 pid = int(p.pid)
                 if pid not in self._judged:
-                    self._judged[pid] = procs.descends_from(pid, self.job_pid, self.proc_root)
-                    if self._judged[pid] is None:
-                        unseen.add(pid)
-                        del self._judged[pid]  # judged again at the next check
+                    whose = self._whose(pid)
+                    if whose is None:
+                        unseen.add(pid)  # judged again at the next check
+                    else:
+                        self._judged[pid] = whose
             if unseen:
                 still = {int(p.pid) for p in self._list(g)}
                 listed = [p for p in listed if int(p.pid) not in unseen - still]
             for p in listed:
                 pid = int(p.pid)
-                ours = self._judged.get(pid)
-                if ours:
+                whose = self._judged.get(pid)
+                if whose == JOB:
                     self.ours_ever.add(pid)
-                if ours is False and self._names.get(pid) is None:
+                elif whose == ENGINE:
+                    self.engine_ever.add(pid)
+                elif whose == OTHER and self._names.get(pid) is None:
                     self._names[pid] = procs.describe(pid, self.proc_root)
                 used = getattr(p, "usedGpuMemory", None)
                 self.processes.append(GpuProcess(
-                    t, g.index, pid, used / 2**20 if isinstance(used, int) else None, bool(ours),
-                    "(this job)" if ours else self._names.get(pid)))
+                    t, g.index, pid, used / 2**20 if isinstance(used, int) else None,
+                    whose in (JOB, ENGINE), SEEN_AS.get(whose) or self._names.get(pid)))
 
     def _run(self) -> None:
         next_t = time.monotonic()
@@ -219,7 +243,8 @@ class NvmlSampler:
         except Exception as e:
             self.errors.setdefault("shutdown", f"{type(e).__name__}: {e}")
         return SamplerResult(self.gpus, self.period_s, list(self.samples), list(self.processes),
-                             self.ticks, self.late_ticks, dict(self.errors), set(self.ours_ever))
+                             self.ticks, self.late_ticks, dict(self.errors), set(self.ours_ever),
+                             set(self.engine_ever), self.engine_note)
 
 
 def job_gpus(nvml: Any, count: int, visible: Optional[str]) -> tuple[list[int], str]:

@@ -14,9 +14,10 @@ can be taken while power management steps, with no lasting slowdown. Every busy 
 below counts: the verdict is "yes" from one, and ``throttled_pct`` says how many.
 
 Shared: a compute process NVML lists on a sampled GPU that is not in this job's process
-tree (the job, its torchrun ranks, its vLLM server and workers), while visible here. A pid
-that is not visible here (NVML in a container reports the host's pids) is unattributed:
-then the verdict is "unknown", not "no".
+tree (the job, its torchrun ranks, its vLLM server and workers) nor in the served engine's
+(server=endpoint on this host: the tree of the process listening on the endpoint's port, the
+server the job measures), while visible here. A pid that is not visible here (NVML in a
+container reports the host's pids) is unattributed: then the verdict is "unknown", not "no".
 """
 
 from __future__ import annotations
@@ -127,8 +128,9 @@ def summarize(r: SamplerResult) -> TelemetryReport:
         rep.csv_rows.append([f"{x.t:.3f}", f"{x.t - t0:.3f}", x.gpu, *(_cell(getattr(x, a)) for a in SERIES),
                              "|".join(reason_names(x.reasons)) if x.reasons is not None else "",
                              int(is_busy(x)), int(is_throttled(x, refs[x.gpu][0]))])
+    measured = r.ours_ever | r.engine_ever  # column "ours": the job's or the served engine's
     for p in r.processes:
-        rep.process_rows.append([f"{p.t:.3f}", p.gpu, p.pid, _cell(p.used_mib), int(p.pid in r.ours_ever),
+        rep.process_rows.append([f"{p.t:.3f}", p.gpu, p.pid, _cell(p.used_mib), int(p.pid in measured),
                                  p.seen_as if p.seen_as is not None else "(not visible here)"])
     if r.errors:
         rep.tags["telemetry.errors"] = "; ".join(f"{k}: {v}" for k, v in sorted(r.errors.items()))[:4000]
@@ -179,7 +181,7 @@ def _shared(rep: TelemetryReport, r: SamplerResult) -> None:
     foreign: dict[tuple[int, int], tuple[Optional[float], str]] = {}
     unseen: set[int] = set()
     for p in r.processes:
-        if p.pid in r.ours_ever:
+        if p.pid in r.ours_ever or p.pid in r.engine_ever:
             continue
         if p.seen_as is None:
             unseen.add(p.pid)
@@ -205,8 +207,23 @@ def _shared(rep: TelemetryReport, r: SamplerResult) -> None:
         rep.tags["telemetry.gpu_shared"] = "unknown: NVML did not list the GPU's processes"
     else:
         rep.metrics["telemetry.gpu_shared"] = 0.0
-        rep.tags["telemetry.gpu_shared"] = ("no: only this job's processes on the GPU" if r.processes
+        rep.tags["telemetry.gpu_shared"] = ("no: " + _whose_listed(r) if r.processes
                                             else "no: no compute process listed")
+    if r.engine_note is not None and not r.engine_ever and (foreign or unseen):
+        rep.tags["telemetry.gpu_shared"] = (rep.tags["telemetry.gpu_shared"] + "; the endpoint's "
+                                            f"server, looked for as the served engine: {r.engine_note}")[:4000]
+
+
+def _whose_listed(r: SamplerResult) -> str:
+    """Whose processes were all the GPU's, when none was another's."""
+    pids = {p.pid for p in r.processes}
+    job, engine = bool(pids & r.ours_ever), bool(pids & r.engine_ever)
+    if not engine:
+        return "only this job's processes on the GPU"
+    served = f" (the endpoint's server: {r.engine_note})"
+    if job:
+        return f"only this job's and the served engine's processes on the GPU{served}"
+    return f"only the served engine's processes on the GPU{served}"
 
 
 def _series(samples: list[Sample], t0: float) -> list[tuple[str, float, int, int]]:

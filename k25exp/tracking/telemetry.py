@@ -55,6 +55,7 @@ def start(cfg: Any, nvml: Any = None):
                           "(pip install 'k25exp[gpu]')")
     from k25exp.telemetry.nvml_sampler import NvmlSampler, job_gpus
 
+    engine, engine_note = served_engine(cfg)
     try:
         nvml.nvmlInit()  # a probe: which GPUs, before the sampler opens its own session
         try:
@@ -63,7 +64,8 @@ def start(cfg: Any, nvml: Any = None):
             nvml.nvmlShutdown()
         if not gpus:
             return None, f"off: no GPU to sample ({note})"
-        sampler = NvmlSampler(nvml, gpus, period_ms / 1e3, PROCESS_CHECK_S).start()
+        sampler = NvmlSampler(nvml, gpus, period_ms / 1e3, PROCESS_CHECK_S, engine_pids=engine,
+                              engine_note=engine_note).start()
     except Exception as e:  # no driver, NVML too old, a GPU that went away
         return None, f"unavailable: NVML failed: {type(e).__name__}: {e}"
     names = sorted({g.name for g in sampler.gpus})
@@ -71,6 +73,25 @@ def start(cfg: Any, nvml: Any = None):
     sampler.note = (f"nvml ({version}) every {period_ms:g} ms on GPU "
                     f"{', '.join(str(g.index) for g in sampler.gpus)} ({', '.join(names)}); {note}")
     return sampler, None
+
+
+def served_engine(cfg: Any) -> tuple[frozenset[int], Optional[str]]:
+    """The processes of the server a serving job attached to (server=endpoint), when it runs on
+    this host: on the GPU they are the engine being measured, not another tenant. Looked up
+    once, before the job measures. (frozenset(), None) for a job that launches its server (its
+    tree is the job's) or measures no server (a GEMM job beside a running server shares the
+    GPU with it). A lookup that fails finds nothing and says why: the job measures all the same."""
+    from k25exp.config.experiments import MacroConfig, ProfileConfig
+    from k25exp.telemetry.procs import served_engine as lookup
+
+    if getattr(cfg.server, "kind", None) != "endpoint" or not isinstance(
+            cfg.experiment, (MacroConfig, ProfileConfig)):
+        return frozenset(), None
+    try:
+        pids, note = lookup(cfg.server.base_url)
+    except Exception as e:
+        return frozenset(), f"not found: the lookup failed: {type(e).__name__}: {e}"
+    return frozenset(pids), note
 
 
 def _dist_version() -> str:
