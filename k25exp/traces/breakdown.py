@@ -35,7 +35,6 @@ the rules are modules of their own.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Sequence
 import numpy as np
 
 from k25exp import stats
-from k25exp.traces import collectives, gloo
+from k25exp.traces import collectives, gloo, ranks
 from k25exp.traces.comm_split import (
     CommCalls,
     CommSplit,
@@ -109,6 +108,7 @@ class RankBreakdown:
     steps_grown: int = 0                    # GPU: steps extended over a trailing collective
     gloo_ext: gloo.Extension | None = None  # CPU traces: collectives given their gloo worker's end
     collectives: dict[str, int] | None = None  # GPU: how collective kernels were attributed
+    world_size: int | None = None           # distributedInfo.world_size, if recorded
     device_events: dict[str, int] = field(default_factory=dict)  # device work events, by kind
     unrecognised: dict[str, int] = field(default_factory=dict)   # events of unknown kinds, uncounted
 
@@ -203,6 +203,7 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)      # e.g. why there is no wait/transport split
     comm_split: CommSplit | None = None
+    rank_set: ranks.RankSet | None = None   # which ranks of how many (distributedInfo)
 
     @property
     def categories(self) -> list[str]:
@@ -226,6 +227,8 @@ class Analysis:
         for k, v in self.across_ranks().items():
             for s in ("min", "median", "max"):
                 out[f"{k}_{s}"] = v[s]
+        if self.rank_set is not None:   # how many ranks, of how many: a partial set's caveat
+            out.update(self.rank_set.metrics())
         return out
 
     def top_kernels(self, n: int | None = 30) -> list[tuple[KernelStat, float]]:
@@ -254,6 +257,7 @@ class Analysis:
             "top_kernels": [_kernel_dict(k, s) for k, s in self.top_kernels(top)],
             "comm_split": ({"steps_matched": self.comm_split.steps_matched,
                             "reason": self.comm_split.reason} if self.comm_split else None),
+            "rank_set": self.rank_set.to_dict() if self.rank_set else None,
             "warnings": self.all_warnings(),
             "notes": self.notes,
         }
@@ -270,7 +274,8 @@ def _kernel_dict(k: KernelStat, share: float) -> dict:
 def _rank_dict(r: RankBreakdown, top: int) -> dict:
     t = r.total_step_ns / 1e3
     return {
-        "label": r.label, "rank": r.rank, "path": r.path, "mode": r.mode,
+        "label": r.label, "rank": r.rank, "world_size": r.world_size, "path": r.path,
+        "mode": r.mode,
         "step_source": r.step_source, "steps_analysed": r.steps_analysed,
         "annotated_steps": r.annotated_steps, "decode_steps": r.decode_steps,
         "decode_step_ms": r.decode_step_ms,
@@ -487,17 +492,6 @@ def _gloo_spans(trace: Trace, rules: Rules, cat_index: dict[str, int]) -> gloo.W
     return gloo.WorkerSpans(cols[:, 0], cols[:, 1], cols[:, 2])
 
 
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.I)
-
-
-def _rank_of(trace: Trace) -> int | None:
-    info = trace.metadata.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
-    found = _RANK_IN_NAME.findall(trace.path.name)
-    return int(found[-1]) if found else None
-
-
 def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
             max_steps: int | None = None, rules: Rules | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Analysis:
@@ -514,9 +508,10 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
     results: list[RankBreakdown] = []
     for p in paths:
         tr = read_trace(p, chunk_bytes=chunk_bytes)
-        rank = _rank_of(tr)
+        rank = ranks.rank_of(tr)
         found.append(rank)
         results.append(analyze_trace(tr, rules, max_steps, rank=rank))
+        results[-1].world_size = ranks.world_size_of(tr)
         del tr
     warnings: list[str] = []
     if all(r is not None for r in found) and len(set(found)) == len(found):
@@ -530,6 +525,10 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
         for i, r in enumerate(results):
             r.rank = i
             r.label = f"rank{i}"
+    rank_set, rank_warnings = ranks.rank_set([r.label for r in results],
+                                             [int(r.rank) for r in results],  # type: ignore[arg-type]
+                                             [r.world_size for r in results])
+    warnings += rank_warnings
     split = split_ranks([r.comm for r in results], [r.label for r in results],  # type: ignore[misc]
                         len(rules.categories))
     for r, rs in zip(results, split.ranks):
@@ -538,4 +537,4 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
     notes: list[str] = []
     if split.reason:
         (warnings if len(results) > 1 else notes).append(split.reason)
-    return Analysis(results, rules, max_steps, warnings, notes, split)
+    return Analysis(results, rules, max_steps, warnings, notes, split, rank_set)
