@@ -507,7 +507,7 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
     found: list[int | None] = []
     results: list[RankBreakdown] = []
     for p in paths:
-        tr = read_trace(p, chunk_bytes=chunk_bytes)
+        tr = read_trace(p, chunk_bytes=chunk_bytes, linked=collectives.linked(rules))
         rank = ranks.rank_of(tr)
         found.append(rank)
         results.append(analyze_trace(tr, rules, max_steps, rank=rank))

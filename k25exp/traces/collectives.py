@@ -27,7 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from k25exp.traces.reader import CPU_CATS, Trace
+from k25exp.traces.comm_split import communication_categories
+from k25exp.traces.reader import CPU_CATS, DEVICE_CATS, Trace
 from k25exp.traces.rules import Rules
 
 COLLECTIVE = "collective"   # the event category under which "Collective name" values are classified
@@ -51,16 +52,24 @@ def attribute(trace: Trace, idx: np.ndarray, category: np.ndarray, comm: list[in
     after attribution (see the module docstring), and how the collective kernels got theirs."""
     label_cat = _label_category(rules, set(comm))
     out = category.copy()
-    named = _by_own_label(trace, idx, out, label_cat)
-    if not device:
+    if not device:   # operators (record_param_comms) that name their collective
+        _by_own_label(trace, idx, out, label_cat, np.ones(idx.size, dtype=bool))
         return Attribution(out)
-    candidate = np.isin(category, comm) | named
+    candidate = np.isin(category, comm)
+    named = _by_own_label(trace, idx, out, label_cat, candidate)
     todo = np.flatnonzero(candidate & ~named)
     by_launch = _by_launcher(trace, idx[todo], label_cat, rules, set(comm))
     hit = by_launch >= 0
     out[todo[hit]] = by_launch[hit]
     return Attribution(out, kernel_arg=int(named.sum()), launcher=int(hit.sum()),
                        name=int((~hit).sum()))
+
+
+def linked(rules: Rules) -> Callable[[str], bool]:
+    """Which device events the reader should keep the links of (read_trace's `linked`):
+    the kernels the rules call communication by their names, the only ones attributed."""
+    comm = set(communication_categories(rules.categories, rules.groups))
+    return lambda name: rules.classify(name, DEVICE_CATS[0]) in comm
 
 
 def _label_category(rules: Rules, comm: set[int]) -> Callable[[str], int]:
@@ -89,11 +98,13 @@ def _labelled(trace: Trace, among: np.ndarray, label_cat: Callable[[str], int]
 
 
 def _by_own_label(trace: Trace, idx: np.ndarray, out: np.ndarray,
-                  label_cat: Callable[[str], int]) -> np.ndarray:
-    """Gives each analysed event that names its collective ("Collective name") that
-    collective's category, in place; returns the mask of those events."""
+                  label_cat: Callable[[str], int], among: np.ndarray) -> np.ndarray:
+    """Gives each analysed event of `among` (a mask) that names its collective ("Collective
+    name") that collective's category, in place; returns the mask of those events."""
     named = np.zeros(idx.size, dtype=bool)
     p, cat = _labelled(trace, idx, label_cat)
+    keep = among[p]
+    p, cat = p[keep], cat[keep]
     out[p] = cat
     named[p] = True
     return named

@@ -35,9 +35,9 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_not
+from operator import attrgetter, contains, eq, is_not
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import orjson
@@ -52,6 +52,10 @@ CPU_CATS = ("cpu_op",)
 ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xpu_driver",
                "privateuse1_runtime", "privateuse1_driver", "mlu_runtime")
+# Of those calls, the launches (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch,
+# hipExtLaunchKernel, ...): only their correlation ids lead to kernels, and reading the
+# args of every runtime call (stream queries, event records) would cost a tenth of a read.
+LAUNCH_NAME = "aunch"
 # Known, and not work: Python frames, profiler overhead and markers, other host-side
 # records, and device-side synchronisation records (waits, not work). A complete event of
 # any category in none of these lists is counted as unrecognised and named in a warning.
@@ -247,17 +251,13 @@ class _Inflater:
         self.f.close()
 
 
-# Typed decoding: msgspec builds only these fields and skips the rest (of args, only the
-# three ids below). 4x faster than a generic parse on Kineto traces. Chunks that do not fit these types (a string ts, a
+# Typed decoding: msgspec builds only these fields and skips the rest (args are kept raw,
+# unparsed: only the events whose links the analysis reads have theirs decoded, a batch at
+# a time, into _Args; decoding every event's args costs a third more). 4x faster than a
+# generic parse on Kineto traces. Chunks that do not fit these types (a string ts, a
 # non-object element) are parsed generically with orjson instead.
 try:
     import msgspec
-
-    class _Args(msgspec.Struct, gc=False):
-        """The args the analysis reads; any other key is skipped unbuilt."""
-        correlation: Any = None                                    # device event <-> launch
-        ext: Any = msgspec.field(default=None, name="External id")  # device <-> host annotation
-        coll: Any = msgspec.field(default=None, name="Collective name")  # record_param_comms, NCCL kernels
 
     class _Ev(msgspec.Struct, gc=False):
         ph: str = ""
@@ -267,9 +267,17 @@ try:
         tid: Any = None
         ts: float = 0.0
         dur: float = 0.0
-        args: _Args = msgspec.field(default_factory=_Args)
+        args: msgspec.Raw = msgspec.Raw(b"null")
+
+    class _Args(msgspec.Struct, gc=False):
+        """The args the analysis reads; any other key is skipped unbuilt."""
+        correlation: Any = None                                    # device event <-> launch
+        ext: Any = msgspec.field(default=None, name="External id")  # device <-> host annotation
+        coll: Any = msgspec.field(default=None, name="Collective name")  # record_param_comms, NCCL kernels
 
     _FAST = msgspec.json.Decoder(list[_Ev])
+    _ARGS = msgspec.json.Decoder(list[Optional[_Args]])
+    _ONE_ARGS = msgspec.json.Decoder(Optional[_Args])
     _FastError = msgspec.DecodeError
     _FastValidation = msgspec.ValidationError
 except ImportError:  # pragma: no cover - msgspec comes with vLLM; orjson is the fallback
@@ -585,9 +593,8 @@ def iter_event_chunks(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         inf.close()
 
 
-_G_CAT, _G_PH, _G_NAME, _G_PID, _G_TID, _G_TS, _G_DUR, _G_CORR, _G_COLL = (
-    attrgetter(f) for f in ("cat", "ph", "name", "pid", "tid", "ts", "dur", "args.correlation",
-                            "args.coll"))
+_G_CAT, _G_PH, _G_NAME, _G_PID, _G_TID, _G_TS, _G_DUR, _G_ARGS = (
+    attrgetter(f) for f in ("cat", "ph", "name", "pid", "tid", "ts", "dur", "args"))
 _KNOWN, _UNKNOWN = -1, -2   # category codes of the events that are not read
 
 
@@ -598,6 +605,27 @@ def _int_ids(values: list) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):  # a missing one (None), or not a number
         return np.fromiter((v if type(v) is int and -2**63 <= v < 2**63 else -1 for v in values),
                            dtype=np.int64, count=len(values))
+
+
+def _args_of(events: list) -> list:
+    """The _Args (None where args is missing or not an object) of msgspec-decoded events,
+    decoded in one call: their raw args joined into one JSON array."""
+    raws = list(map(_G_ARGS, events))
+    try:
+        return _ARGS.decode(b"[" + b",".join(raws) + b"]")
+    except msgspec.ValidationError:  # an args that is not an object: one at a time
+        return [_one_args(r) for r in raws]
+
+
+def _one_args(raw) -> Any:
+    try:
+        return _ONE_ARGS.decode(raw)
+    except msgspec.ValidationError:
+        return None
+
+
+def _field(args: list, name: str) -> list:
+    return list(map(getattr, args, repeat(name), repeat(None)))
 
 
 def unrecognised_text(counts: dict[str, int]) -> str:
@@ -612,7 +640,9 @@ class _Columns:
     Names and lanes are interned with dict.setdefault driven from C (map), so the ids are
     unique but not contiguous; `finish` renumbers them 0..n-1 in first-seen order."""
 
-    def __init__(self) -> None:
+    def __init__(self, linked: Callable[[str], bool] | None = None) -> None:
+        self.linked = linked                 # which device events' links to read, by name
+        self.linked_ids: dict[int, bool] = {}  # its answer per interned name id
         cats = DEVICE_CATS + CPU_CATS
         self.n_dev = len(DEVICE_CATS)
         self.n_work = len(cats)
@@ -681,37 +711,50 @@ class _Columns:
             e = events[i]
             if e.name.startswith(ANNOTATION_PREFIXES):
                 self.annotations.append((e.name, e.cat, e.ts, e.dur, self._lane(e.pid, e.tid),
-                                         e.args.ext))
+                                         getattr(_one_args(e.args), "ext", None)))
         launch = (code >= self.launch_code) & is_x
         if launch.any():
             calls = list(compress(events, launch.tolist()))
-            self._add_launches(_int_ids(list(map(_G_CORR, calls))), lambda: zip(
+            calls = list(compress(calls, map(contains, map(_G_NAME, calls), repeat(LAUNCH_NAME))))
+            self._add_launches(_int_ids(_field(_args_of(calls), "correlation")), lambda: zip(
                 map(_G_PID, calls), map(_G_TID, calls)), list(map(_G_TS, calls)))
         unknown = (code == _UNKNOWN) & is_x
         if unknown.any():
             self.unrecognised.update(map(_G_CAT, compress(events, unknown.tolist())))
 
     def _add_links(self, kept: list, codes: np.ndarray, name_ids: np.ndarray) -> None:
-        """Correlation ids of the device events, and "Collective name" where a device event
-        or a record_param_comms operator (the only operator torch gives one) has it: read
-        from C, only the few events that have a name reach Python."""
+        """Correlation ids of the device events (those `linked` names, if given), and
+        "Collective name" where one of them or a record_param_comms operator (the only
+        operator torch gives one) has it: read from C, only the few events that have a name
+        reach Python."""
         k = len(kept)
         corr = np.full(k, -1, dtype=np.int64)
         dev = codes < self.n_dev
+        if self.linked is not None and dev.any():
+            dev[dev] = self._linked(name_ids[dev], kept, np.flatnonzero(dev))
         if dev.any():
             pos = np.flatnonzero(dev)
             devs = list(compress(kept, dev.tolist())) if pos.size < k else kept
-            corr[pos] = _int_ids(list(map(_G_CORR, devs)))
-            self._add_colls(devs, pos)
+            args = _args_of(devs)
+            corr[pos] = _int_ids(_field(args, "correlation"))
+            self._add_colls(_field(args, "coll"), pos)
         rpc = self.names.get(COMMS_OP)
         if rpc is not None:
             pos = np.flatnonzero((name_ids == rpc) & ~dev)
-            self._add_colls([kept[i] for i in pos.tolist()], pos)
+            self._add_colls(_field(_args_of([kept[i] for i in pos.tolist()]), "coll"), pos)
         self.corr.append(corr)
         self.n_kept += k
 
-    def _add_colls(self, events: list, pos: np.ndarray) -> None:
-        colls = list(map(_G_COLL, events))
+    def _linked(self, ids: np.ndarray, kept: list, pos: np.ndarray) -> np.ndarray:
+        """Whether `linked` wants each of these events (interned name ids `ids`, events
+        kept[pos]): asked once per name."""
+        u, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+        for i, f in zip(u.tolist(), first.tolist()):
+            if i not in self.linked_ids:
+                self.linked_ids[i] = bool(self.linked(kept[int(pos[f])].name))  # type: ignore[misc]
+        return np.array([self.linked_ids[i] for i in u.tolist()], dtype=bool)[inv.reshape(-1)]
+
+    def _add_colls(self, colls: list, pos: np.ndarray) -> None:
         named = np.fromiter(map(is_not, colls, repeat(None)), dtype=bool, count=len(colls))
         for i in np.flatnonzero(named).tolist():
             if type(colls[i]) is str:
@@ -744,6 +787,8 @@ class _Columns:
             args = e.get("args")
             args = args if type(args) is dict else {}
             if k >= self.launch_code:
+                if LAUNCH_NAME not in str(e.get("name")):
+                    continue
                 l_corr.append(args.get("correlation"))
                 l_keys.append((e.get("pid"), e.get("tid")))
                 l_ts.append(e.get("ts"))
@@ -766,8 +811,9 @@ class _Columns:
             keys.append((e.get("pid"), e.get("tid")))
             ts_l.append(ts)
             dur_l.append(dur)
-            corr_l.append(args.get("correlation") if k < self.n_dev else None)
-            coll_l.append(args.get("Collective name") if k < self.n_dev or nm == COMMS_OP else None)
+            link = k < self.n_dev and (self.linked is None or self.linked(nm))
+            corr_l.append(args.get("correlation") if link else None)
+            coll_l.append(args.get("Collective name") if link or nm == COMMS_OP else None)
         if nm_l:
             self.name_id.append(self._ids(self.names, lambda: nm_l, len(nm_l)))
             self.cat_id.append(np.array(cid, dtype=np.int8))
@@ -806,15 +852,17 @@ class _Columns:
 _EvType = _Ev if _FAST is not None else None
 
 
-def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: bool = True
-               ) -> Trace:
+def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: bool = True,
+               linked: Callable[[str], bool] | None = None) -> Trace:
     """Reads one trace file, keeping only work events (device kernels, memcpys, memsets,
     MTIA device events; CPU operators), vLLM/torch step annotations, the host launches that
-    link device events to what launched them, and a count of unrecognised event kinds. `fast=False` forces the generic orjson
-    path (the one used when msgspec is missing)."""
+    link device events to what launched them, and a count of unrecognised event kinds.
+    `linked(name)`: the device events whose links (correlation id, "Collective name") are
+    read (default every one; the analysis asks for its collectives only). `fast=False`
+    forces the generic orjson path (the one used when msgspec is missing)."""
     path = Path(path)
     t0 = time.perf_counter()
-    cols = _Columns()
+    cols = _Columns(linked)
     meta: dict[str, Any] = {}
     for events in iter_event_chunks(path, chunk_bytes, meta, fast):
         cols.add(events)

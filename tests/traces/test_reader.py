@@ -227,3 +227,28 @@ def test_a_trace_of_unrecognised_kinds_only_names_them(tmp_path):
     e = _raises(write_trace(tmp_path / "acme.json", events), "nothing to analyse")
     assert str(e).endswith("among 4 events: nothing to analyse; events of unrecognised kinds: "
                            "acme_kernel (3)")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_links_from_device_events_to_their_launches(tmp_path, fast):
+    # kernels with correlation ids 1-3; their launches (and a stream query, not a launch);
+    # a record_param_comms operator and kernel 3 that name their collective
+    events = [ev("ncclDevKernel_SendRecv", 10, 5, args={"correlation": 1}),
+              ev("nvjet_gemm", 20, 5, args={"correlation": 2}),
+              ev("ncclDevKernel_AllGather", 30, 5, args={"correlation": 3, "Collective name": "allgather"}),
+              ev("cudaLaunchKernel", 1, 2, cat="cuda_runtime", pid=100, tid=100, args={"correlation": 1}),
+              ev("cudaLaunchKernel", 2, 2, cat="cuda_runtime", pid=100, tid=101, args={"correlation": 2}),
+              ev("cuLaunchKernelEx", 3, 2, cat="cuda_driver", pid=100, tid=100, args={"correlation": 3}),
+              ev("cudaStreamIsCapturing", 4, 1, cat="cuda_runtime", pid=100, tid=100, args={"correlation": 9}),
+              op("record_param_comms", 0, 4, args={"Collective name": "all_to_all"})]
+    p = write_trace(tmp_path / "links.json", events)
+    t = read_trace(p, fast=fast, chunk_bytes=200)
+    assert t.corr.tolist() == [1, 2, 3, -1]                       # the CPU operator has none
+    assert t.coll == {2: "allgather", 3: "all_to_all"}
+    assert t.launches.corr.tolist() == [1, 2, 3]                   # launches only, by id
+    assert [t.lanes[i] for i in t.launches.lane] == [(100, 100), (100, 101), (100, 100)]
+    assert t.launches.start_ns.tolist() == [1000, 2000, 3000]     # ns after the operator at 0
+    assert t.launches.find(np.array([3, 9, -1, 1])).tolist() == [2, -1, -1, 0]
+    # only the links the caller asks for (the analysis: its collectives)
+    t = read_trace(p, fast=fast, chunk_bytes=200, linked=lambda name: name.startswith("nccl"))
+    assert t.corr.tolist() == [1, -1, 3, -1] and t.coll == {2: "allgather", 3: "all_to_all"}
