@@ -20,11 +20,13 @@ def main(args: list[str]) -> int:
     p.add_argument("--out", type=Path, help="also write tables, plots and JSON into this folder")
     p.add_argument("--top", type=int, default=30, help="rows of the top-kernels table")
     a = p.parse_args(args)
-    from k25exp.runners.trace_breakdown import expand
+    # k25exp.traces alone: the runners' package would add Hydra and HTTP clients to every
+    # start (a third of it, measured by benchmarks/analyze_cli_bench.py)
     from k25exp.traces import RulesError, TraceError, analyze, summary_text, write_outputs
+    from k25exp.traces.files import trace_files
 
     try:
-        paths = expand([str(x) for x in a.traces], "*.pt.trace.json*")
+        paths = trace_files(a.traces)
         if not paths:
             raise FileNotFoundError(f"no trace found in {', '.join(map(str, a.traces))}")
         analysis = analyze(paths, rules_path=a.rules, max_steps=a.max_steps)
