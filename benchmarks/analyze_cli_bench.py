@@ -117,7 +117,8 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--sizes", default="0.25,1,4,16,48", help="MB of JSON of the sized traces")
     ap.add_argument("--template", type=Path, default=TEMPLATE)

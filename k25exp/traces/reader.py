@@ -14,8 +14,12 @@ Strategy, chosen by measurement (benchmarks/trace_analyzer_bench.py; on a 51 MB 
   unexpected types (a string ts) make that chunk go through orjson's generic parse; without
   msgspec, orjson does it all (about 3x slower).
 * Only what the analysis needs is kept, in numpy arrays (name, category and lane codes,
-  start and duration in integer ns: ~25 bytes an event); python_function frames, runtime
-  calls, flows and args are dropped chunk by chunk. Peak memory is a chunk of text, its
+  start and duration in integer ns, correlation id: ~33 bytes an event); python_function
+  frames, runtime calls other than launches, flows and args are dropped chunk by chunk.
+  Args are decoded only where the analysis reads them: step annotations' External id, and
+  in one call per chunk the links of collective kernels, launches and record_param_comms.
+* The events array's end is found by reading the text backwards (`_member_ends`): Kineto
+  writes log arrays after it whose lines end in "...cpp:NNN]". Peak memory is a chunk of text, its
   parsed structs and the kept arrays, whatever the file's size.
 
 Errors (missing, truncated or corrupt file, JSON without a `traceEvents` array, a trace with
@@ -273,7 +277,7 @@ try:
         """The args the analysis reads; any other key is skipped unbuilt."""
         correlation: Any = None                                    # device event <-> launch
         ext: Any = msgspec.field(default=None, name="External id")  # device <-> host annotation
-        coll: Any = msgspec.field(default=None, name="Collective name")  # record_param_comms, NCCL kernels
+        coll: Any = msgspec.field(default=None, name="Collective name")  # NCCL kernels, ops
 
     _FAST = msgspec.json.Decoder(list[_Ev])
     _ARGS = msgspec.json.Decoder(list[Optional[_Args]])
