@@ -26,6 +26,7 @@ from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
 from k25exp.tracking.recorder import MemoryRecorder
 from k25exp.tracking.runs import open_run
+from k25exp.tracking import ui_view
 from k25exp.tracking.telemetry import gpu_telemetry
 
 log = logging.getLogger("k25exp")
@@ -97,7 +98,8 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
         run = None
     else:
         run = _open_run(cfg, out, _run_name(cfg, overrides), tags, multirun)
-    rec = run if run is not None else MemoryRecorder()
+    # the run, keeping each step_headline figure's whole sweep as a tag on the run's row
+    rec = ui_view.with_step_summaries(run, typed.experiment) if run is not None else MemoryRecorder()
     resolved = redact_config(resolved, typed.tracking.redact)
     (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(resolved))
     if run is not None:

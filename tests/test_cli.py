@@ -27,12 +27,14 @@ def _free_port() -> int:
 def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path):
     """`k25exp ui` on a store with a macro run: the link it prints opens MLflow's runs table
     (in Chromium, where installed) with the macro headline figures as its metric columns, in
-    the schema's order, and the run's values under them."""
+    the schema's order, and the run's values under them (tests/tracking/test_ui_first_screen.py:
+    the same on a whole campaign's store)."""
     from k25exp.config.experiments import MacroConfig
     from k25exp.tracking.mlflow_store import MlflowStore
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    run = MlflowStore(uri).start_run("k25exp/macro", run_name="macro-demo")
+    # a k25exp job's run: the view lists the runs with this tag (multirun parents have none)
+    run = MlflowStore(uri).start_run("k25exp/macro", run_name="macro-demo", tags={"k25exp.experiment": "macro"})
     run.log_metrics({k: 10.0 + i for i, k in enumerate(MacroConfig.headline)} | {"aaa_not_headline": 1.0})
     run.end("FINISHED")
     port = _free_port()
@@ -60,7 +62,8 @@ def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path
         link = next(w for w in printed.split() if "viewStateShareKey=k25exp-headline" in w)
         if chromium_path() is None:
             return  # the browser half needs Chromium (.ci/run installs it)
-        head = [k[:12] for k in MacroConfig.headline[:4]]  # MLflow truncates long headers
+        # the figures summarised per level come last (their sweep is in a tag column first)
+        head = [k[:12] for k in MacroConfig.headline if k not in MacroConfig.step_headline][:4]
         with Chromium() as b:
             text, left = b.text_when(link, "macro-demo", columns=(*head, "aaa_not_head"))
         # the metric headers left to right in the declared order (where they are drawn: the

@@ -23,9 +23,10 @@ def main(args: list[str]) -> int:
     from k25exp.config.store import store_uri
 
     uri = a.uri or store_uri()
-    # MLflow 3 opens experiments in its GenAI view; these links open the runs table instead
+    # MLflow 3 opens experiments in its GenAI view; these links open the runs table instead, in
+    # k25exp's saved views (brought up to date first: k25exp.tracking.ui_view)
     try:
-        print("\n".join(ui_links(uri, f"http://{a.host}:{a.port}")), flush=True)
+        print("\n".join(ui_links(uri, f"http://{a.host}:{a.port}", write_views=True)), flush=True)
     except Exception as e:  # the links are a convenience: the UI still starts
         print(f"k25exp ui: no links ({type(e).__name__}: {e})", file=sys.stderr)
     if a.links_only:

@@ -26,21 +26,31 @@ def compare_url(base: str, run_ids: list[str], experiment_ids: list[str]) -> str
     return f"{base.rstrip('/')}/#/compare-runs?{urlencode(q, quote_via=quote)}"
 
 
-def ui_links(uri: str, base: str) -> list[str]:
+def ui_links(uri: str, base: str, write_views: bool = False) -> list[str]:
     """Lines to print: each experiment's runs table, the latest campaign's runs, and a compare
-    view of each sweep's children (newest sweeps first, at most 10)."""
+    view of each sweep's children (newest sweeps first, at most 10).
+
+    write_views: first bring each k25exp experiment's saved view up to this k25exp's
+    (k25exp.tracking.ui_view; a store written by an older one gets the current columns) and
+    write each experiment's view of the latest campaign, so its link lands on the campaign's
+    figures too (a URL's own searchFilter would make MLflow ignore a saved view)."""
     from mlflow.tracking import MlflowClient
 
-    from k25exp.tracking.mlflow_store import child_runs
+    from k25exp.tracking import ui_view
+    from k25exp.tracking.mlflow_store import MlflowStore, child_runs
 
-    c = MlflowClient(tracking_uri=uri)
+    c = MlflowStore(uri).client if write_views else MlflowClient(tracking_uri=uri)
     exps = c.search_experiments()
     if not exps:
         return [f"no experiments in {uri} yet"]
-    from k25exp.tracking import ui_view
+    if write_views:
+        for e in exps:
+            ui_view.install(c, e.experiment_id, e.name, e.tags)
+        exps = c.search_experiments()
 
-    lines = ["experiments (runs table, model-training view; headline figures as the first "
-             "columns where the experiment has a saved k25exp view):"]
+    lines = ["experiments (runs table, model-training view: every measured run on its own row, "
+             "newest first, its headline figures as the first columns, where the experiment has "
+             "a saved k25exp view):"]
     lines += [f"  {e.name:<28} " + (ui_view.view_url(base, e.experiment_id)
                                    if ui_view.TAG_PREFIX + ui_view.KEY in e.tags else runs_url(base, e.experiment_id))
               for e in exps]
@@ -51,8 +61,12 @@ def ui_links(uri: str, base: str) -> list[str]:
         in_it = [r for r in recent if r.data.tags.get("campaign") == campaign]
         lines.append(f"latest campaign {campaign} ({len(in_it)} runs):")
         for eid in sorted({r.info.experiment_id for r in in_it}):
-            name = next(e.name for e in exps if e.experiment_id == eid)
-            lines.append(f"  {name:<28} {runs_url(base, eid, f'tags.campaign = {chr(39)}{campaign}{chr(39)}')}")
+            e = next(e for e in exps if e.experiment_id == eid)
+            if write_views and ui_view.install_campaign(c, eid, e.name, campaign, e.tags):
+                link = ui_view.view_url(base, eid, ui_view.CAMPAIGN_KEY)
+            else:
+                link = runs_url(base, eid, f"tags.campaign = {chr(39)}{campaign}{chr(39)}")
+            lines.append(f"  {e.name:<28} {link}")
         lines.append(f"  compare all: {compare_url(base, [r.info.run_id for r in in_it], [r.info.experiment_id for r in in_it])}")
     parents = [r for r in recent if r.data.tags.get("k25exp.role") == "parent"][:20]
     if parents:

@@ -61,6 +61,15 @@ class Chromium:
         TimeoutError with what it showed otherwise."""
         return _poll_text(self._ws, url, needle, timeout_s, columns)
 
+    def first_screen(self, url: str, needle: str, rows: int = 1, width: int = 1600, height: int = 1000,
+                     timeout_s: float = 90.0, screenshot: Optional[Path] = None) -> dict:
+        """What a browser window of width × height shows of MLflow's runs table without a
+        click or a scroll, once the page shows `needle` and at least `rows` table rows:
+        {"text", "viewport" (the table body's box), "cells": [{"row" (run id), "col" (MLflow's
+        column id), "text", "left", "right", "top", "bottom", "inner" (content width),
+        "text_width" (px the text needs)}]}; a PNG of the screen to `screenshot` when given."""
+        return _first_screen(self._ws, url, needle, rows, width, height, timeout_s, screenshot)
+
     def __exit__(self, *exc) -> None:
         self._conn.__exit__(None, None, None)
         self._stop()
@@ -193,5 +202,53 @@ def _poll_text(ws, url: str, needle: str, timeout_s: float, columns=()) -> tuple
                 return text, json.loads(res["result"]["value"])
             time.sleep(0.5)
         raise TimeoutError(f"{url} never showed {needle!r} in {timeout_s:g} s; it showed:\n{text[-2000:]}")
+    finally:
+        call("Target.closeTarget", {"targetId": target})
+
+
+_GRID = """(() => {
+  const vp = document.querySelector('.ag-body-viewport');
+  const ctx = document.createElement('canvas').getContext('2d');
+  const cells = Array.from(document.querySelectorAll('.ag-row .ag-cell')).map(c => {
+    const r = c.getBoundingClientRect(), cs = getComputedStyle(c);
+    ctx.font = cs.font;
+    const text = (c.innerText || '').trim();
+    return {row: c.closest('.ag-row').getAttribute('row-id'), col: c.getAttribute('col-id'), text,
+            left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+            inner: r.width - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight),
+            text_width: ctx.measureText(text).width};
+  });
+  const b = vp ? vp.getBoundingClientRect() : null;
+  return JSON.stringify({text: document.body.innerText, cells,
+                         viewport: b && {left: b.left, right: b.right, top: b.top, bottom: b.bottom}});
+})()"""
+
+
+def _first_screen(ws, url: str, needle: str, rows: int, width: int, height: int, timeout_s: float,
+                  screenshot: Optional[Path]) -> dict:
+    call = _caller(ws, [], timeout_s)
+    target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                "mobile": False}, session=session)
+    call("Page.navigate", {"url": url}, session=session)
+    deadline, seen = time.monotonic() + timeout_s, {}
+    try:
+        while time.monotonic() < deadline:
+            res = call("Runtime.evaluate", {"expression": _GRID, "returnByValue": True}, session=session)
+            seen = json.loads(res.get("result", {}).get("value") or "{}")
+            if needle in seen.get("text", "") and len({c["row"] for c in seen.get("cells", [])}) >= rows:
+                time.sleep(1.5)  # columns sized and rows settled
+                res = call("Runtime.evaluate", {"expression": _GRID, "returnByValue": True}, session=session)
+                seen = json.loads(res["result"]["value"])
+                if screenshot is not None:
+                    import base64
+
+                    png = call("Page.captureScreenshot", {"format": "png"}, session=session)["data"]
+                    screenshot.write_bytes(base64.b64decode(png))
+                return seen
+            time.sleep(0.5)
+        raise TimeoutError(f"{url} never showed {needle!r} and {rows} rows in {timeout_s:g} s; it showed:\n"
+                           + seen.get("text", "")[-2000:])
     finally:
         call("Target.closeTarget", {"targetId": target})

@@ -208,8 +208,11 @@ def test_ui_links_open_the_model_training_view_and_experiments_are_described(sto
     exp = MlflowClient(uri).get_experiment_by_name("k25exp/macro")
     assert exp.tags["mlflow.note.content"] == " ".join(MacroConfig.__doc__.split())
     view = json.loads(exp.tags["mlflow.sharedViewState.k25exp-headline"])
-    assert view["selectedColumns"][:3] == ["attributes.`Run Name`", "metrics.`single_stream_tpot_ms`",
-                                           "metrics.`peak_output_tok_s`"]
+    cols = view["selectedColumns"]
+    assert cols[:2] == ["attributes.`Run Name`", "tags.`tpot_ms_p50 per c`"]  # each level's TPOT
+    assert [c for c in cols if c.startswith("metrics.")][:2] == ["metrics.`single_stream_tpot_ms`",
+                                                                 "metrics.`peak_output_tok_s`"]
+    assert view["searchFilter"] == "tags.`k25exp.experiment` != ''"  # flat: no collapsed parents
     assert view["columnOrder"] == view["selectedColumns"]
     assert "params.`server.tp`" in view["selectedColumns"]
 

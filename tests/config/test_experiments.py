@@ -1,5 +1,5 @@
 """An experiment is one unit: its schema class holds its checks, names its runner, says how its
-figures are recovered and where its samples are; and adding one is what the README says (a
+figures are recovered and where its samples are; and adding one is what docs/layout.md says (a
 runner module, a schema class, a YAML file; nothing else names it)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ RUNNER = '''
 
 @pytest.fixture
 def my_exp(tmp_path, monkeypatch):
-    """The README's "Adding an experiment", followed word for word in a scratch folder: a
+    """docs/layout.md's "Adding an experiment", followed word for word in a scratch folder: a
     runner module, a schema class decorated @experiment, conf/experiment/my_exp.yaml with
     the schema's defaults line and only the deltas (found through hydra.searchpath)."""
     (tmp_path / "my_exp_runner.py").write_text(textwrap.dedent(RUNNER))

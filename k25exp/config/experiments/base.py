@@ -11,8 +11,9 @@ A schema class declares, as class variables (not config keys) and one method:
   samples / sample_artifacts / no_samples   a reader `samples(folder) -> {(metric, step):
                     [values]}` (dotted path) of the artifacts it keeps, for `k25exp compare`,
                     or why there are none
-  campaign_order, campaign_sweep, measures, headline, headline_params   its place in
-                    ./multirun.sh's campaign and in the MLflow runs view
+  campaign_order, campaign_sweep, measures, headline, headline_params, step_headline,
+  step_axes, step_axis, step_label   its place in ./multirun.sh's campaign and in the MLflow
+                    runs view
 Registering it (@experiment) makes it `experiment=NAME` (conf/experiment/NAME.yaml holds
 only what differs from these defaults).
 """
@@ -58,6 +59,14 @@ class Registered:
     # view `k25exp ui` links to (k25exp.tracking.ui_view), in this order.
     headline: ClassVar[tuple[str, ...]] = ()
     headline_params: ClassVar[tuple[str, ...]] = ()
+    # Figures logged at every step of a sweep inside the job (macro's levels), shown on the
+    # run's row in that view, every step in one column: the tag "<figure> per <axis>"
+    # ("tpot_ms_p50 per c" = "1:11.7 2:12.4 ..."). The runs table shows one value per metric,
+    # the last step's; this puts the whole sweep on the row a user reads first. step_axes:
+    # every axis step_axis() can name (the view has a column for each; MLflow shows those
+    # the listed runs have).
+    step_headline: ClassVar[tuple[str, ...]] = ()
+    step_axes: ClassVar[tuple[str, ...]] = ("step",)
     # What `experiment=NAME` cannot run without (no default makes sense), as example
     # overrides: the check names them when missing, and tests compose with them.
     example_overrides: ClassVar[tuple[str, ...]] = ()
@@ -74,6 +83,14 @@ class Registered:
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """Values the experiment cannot take, each a problem naming its key (a subclass adds
         its own after super().check)."""
+
+    def step_axis(self) -> str:
+        """What this run's steps are (one of step_axes)."""
+        return self.step_axes[0]
+
+    def step_label(self, step: int) -> str:
+        """How a step reads on the run's row (macro: 8, or 0.5 for 0.5 req/s)."""
+        return str(step)
 
     @classmethod
     def missing_hooks(cls) -> list[str]:

@@ -147,6 +147,8 @@ class AllReduceSweepConfig(CollectiveExperiment):
     campaign_order: ClassVar[Optional[int]] = 2
     headline: ClassVar[tuple[str, ...]] = ("peak_busbw_gbps", "time_us", "busbw_gbps")
     headline_params: ClassVar[tuple[str, ...]] = ("experiment.communicator",)
+    step_headline: ClassVar[tuple[str, ...]] = ("time_us", "busbw_gbps")
+    step_axes: ClassVar[tuple[str, ...]] = ("size",)
 
     name: str = "allreduce_sweep"
     _target_: str = "k25exp.runners.allreduce_sweep.run"
@@ -154,6 +156,13 @@ class AllReduceSweepConfig(CollectiveExperiment):
     max_bytes: int = 256 * 1024 * 1024  # largest message (the sweep stops at or below it)
     factor: int = 2  # each size is the last one times this
     ops_per_burst: int = 20  # all-reduces queued back to back in one timed burst
+
+    def step_label(self, step: int) -> str:
+        """A message size (step = bytes): 8B, 64KiB, 256MiB."""
+        for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if step >= div and step % div == 0:
+                return f"{step // div}{unit}"
+        return f"{step}B"
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The size sweep."""
@@ -171,6 +180,8 @@ class AllToAllConfig(CollectiveExperiment):
 
     campaign_order: ClassVar[Optional[int]] = 3
     headline: ClassVar[tuple[str, ...]] = ("knee_tokens_per_gpu", "a2a_us", "a2a_us_per_token", "busbw_gbps")
+    step_headline: ClassVar[tuple[str, ...]] = ("a2a_us",)
+    step_axes: ClassVar[tuple[str, ...]] = ("tokens/GPU",)
     vllm_refusal: ClassVar[Optional[str]] = (
         "experiment.communicator=vllm: all_to_all times c10d's all_to_all_single only (vLLM's "
         "all2all managers dispatch by expert); expected torch")

@@ -32,7 +32,7 @@ class ExternalBurst:
     # The same figures by concurrency, shown beside the prediction at that level: TPOT in ms
     # (low, high) and output tokens per second.
     seed_tpot_ms: Dict[int, List[float]] = field(default_factory=lambda: {1: [12.0, 13.0]})
-    seed_tok_s: Dict[int, float] = field(default_factory=lambda: {128: 1536.0})
+    seed_tok_s: Dict[int, float] = field(default_factory=lambda: {128: 1536.0})  # tok/s by concurrency
     # The box the burst was measured on (a conf/hardware group; report.yaml composes
     # rtx_pro_6000_x8_pcie, the seed's): its link rate (hardware.link_gbps, nominal unless its
     # link_gbps_source says measured) is the collectives' β where no all-reduce sweep was

@@ -59,6 +59,8 @@ class MacroConfig(Registered):
         "single_stream_tpot_ms", "peak_output_tok_s", "saturation_concurrency", "tpot_ms_p50",
         "ttft_ms_p50", "output_tok_s", "goodput_req_s", "valid")
     headline_params: ClassVar[tuple[str, ...]] = ("experiment.load", "server.tp", "experiment.output_tokens")
+    step_headline: ClassVar[tuple[str, ...]] = ("tpot_ms_p50", "output_tok_s")
+    step_axes: ClassVar[tuple[str, ...]] = ("c", "req/s")
 
     name: str = "macro"  # the experiment's name: experiment=NAME selects conf/experiment/NAME.yaml
     _target_: str = "k25exp.runners.macro.run"
@@ -139,6 +141,14 @@ class MacroConfig(Registered):
     # The client's event loop: auto (uvloop when importable, else asyncio), uvloop, asyncio.
     client_event_loop: str = "auto"
     fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
+
+    def step_axis(self) -> str:
+        """A level is a concurrency (closed loop) or a request rate (open loop)."""
+        return "req/s" if self.load == "open" else "c"
+
+    def step_label(self, step: int) -> str:
+        """The concurrency, or the rate (open loop: step = rate × 1000)."""
+        return f"{step / 1000:g}" if self.load == "open" else str(step)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The serving benchmark and the server it talks to."""
@@ -245,6 +255,7 @@ class SpecDecodeConfig(MacroConfig):
 
     campaign_order: ClassVar[Optional[int]] = 7
     headline: ClassVar[tuple[str, ...]] = ("spec_speedup", "level_spec_speedup", "acceptance_rate")
+    step_headline: ClassVar[tuple[str, ...]] = ("level_spec_speedup", "tpot_ms_p50")
     # n-gram lookup and the model as its own draft (the upper bound) in one process, so both
     # measure against one baseline server
     campaign_sweep: ClassVar[str] = "spec=ngram,self_draft"
