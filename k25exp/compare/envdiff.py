@@ -11,6 +11,7 @@ from typing import Iterable
 
 from k25exp.compare.resolve import RUN_SPECIFIC_PARAMS, Side
 from k25exp.report.sources import RunView
+from k25exp.tracking import ui_view
 
 RUN_SPECIFIC_TAG_PREFIXES = ("mlflow.", "compare.", "report.")
 RUN_SPECIFIC_TAGS = frozenset({
@@ -25,8 +26,9 @@ RUN_SPECIFIC_TAGS = frozenset({
 # the server this run talked to: its process, log file, port (server.port=0 picks one per
 # start), whether this job reused it, the hash of its launch settings (from the config) ...
 RUN_SPECIFIC_SUFFIXES = ("server.pid", "server.log", "server.base_url", "server.reused", "server.launch_key")
-# ... and what a run found, kept as tags for people (a knee, where throughput saturated):
-# results, compared as figures where they are figures, never environment
+# ... and what a run found, kept as tags for people (a knee, where throughput saturated; a
+# sweep's figures on its row, "tpot_ms_p50 per c": k25exp.tracking.ui_view): results,
+# compared as figures where they are figures, never environment
 RESULT_TAGS = frozenset({"knee", "saturation"})
 
 
@@ -55,7 +57,8 @@ def tag_diff(a: Side, b: Side, pairs=None) -> list[tuple[str, str, str]]:
     def env(r: RunView) -> dict[str, str]:
         return {k: v for k, v in r.tags.items()
                 if k not in RUN_SPECIFIC_TAGS and not k.startswith(RUN_SPECIFIC_TAG_PREFIXES)
-                and not _last(k).endswith(RUN_SPECIFIC_SUFFIXES) and _last(k) not in RESULT_TAGS}
+                and not _last(k).endswith(RUN_SPECIFIC_SUFFIXES) and _last(k) not in RESULT_TAGS
+                and not ui_view.is_summary_tag(k)}
     ra = [p.a for p in pairs] if pairs else a.runs
     rb = [p.b for p in pairs] if pairs else b.runs
     return _diff(_side_values(ra, env), _side_values(rb, env))

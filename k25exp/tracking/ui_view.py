@@ -50,6 +50,11 @@ def summary_tag(figure: str, axis: str) -> str:
     return f"{figure} per {axis}"
 
 
+def is_summary_tag(tag: str) -> bool:
+    """A tag StepSummaries writes (a result, not a fact about the environment)."""
+    return " per " in tag
+
+
 def view_state(headline: Sequence[str], params: Sequence[str], step_headline: Sequence[str] = (),
                step_axes: Sequence[str] = ("step",)) -> dict:
     """The runs table: run name, the per-step summaries, the params a sweep varies, the

@@ -84,3 +84,17 @@ def test_the_campaign_view_is_the_same_view_filtered_to_the_campaign():
     assert view["searchFilter"] == f"tags.campaign = 'c-1' and {ui_view.FILTER}"
     assert view["selectedColumns"] == ui_view.state_for("k25exp/macro")["selectedColumns"]
     assert not ui_view.install_campaign(Client(), "0", "Default", "c-1")
+
+
+def test_summaries_are_results_not_environment():
+    """k25exp compare's environment diff leaves them out (they differ run by run)."""
+    from k25exp.compare.envdiff import tag_diff
+    from k25exp.compare.resolve import Side
+    from k25exp.report.sources import RunView
+
+    def side(tpot: str, host: str) -> Side:
+        r = RunView("r" + tpot, "1", "macro", "FINISHED", 0, tags={"tpot_ms_p50 per c": tpot, "host": host})
+        return Side(r.run_id, "run", [r])
+
+    assert ui_view.is_summary_tag(ui_view.summary_tag("a2a_us", "tokens/GPU"))
+    assert tag_diff(side("1:11.7", "a"), side("1:12.9", "b")) == [("host", "a", "b")]
