@@ -308,13 +308,20 @@ def _yaml_header(path: Path) -> str:
         if not line.startswith("#"):
             break
         lines.append(line[2:] if line.startswith("# ") else line[1:])
-    prose, code = [], []
+    # prose lines joined into paragraphs, indented lines (usage) as code blocks, in file order
+    blocks: list[tuple[bool, list[str]]] = []
     for ln in lines:
-        (code if ln.startswith("  ") else prose).append(ln)
-    out = " ".join(p.strip() for p in prose if p.strip())
-    if code:
-        out += "\n\n```bash\n" + "\n".join(c[2:] for c in code) + "\n```"
-    return out
+        is_code = ln.startswith("  ")
+        if not blocks or blocks[-1][0] != is_code:
+            blocks.append((is_code, []))
+        blocks[-1][1].append(ln[2:] if is_code else ln.strip())
+    out = []
+    for is_code, text in blocks:
+        if is_code:
+            out.append("```bash\n" + "\n".join(text) + "\n```")
+        elif " ".join(text).strip():
+            out.append(" ".join(t for t in text if t))
+    return "\n\n".join(out)
 
 
 def experiment_files(name: str) -> list[Path]:
@@ -341,13 +348,16 @@ def experiment_page(name: str) -> str:
         out += [_yaml_header(main), ""]
     facts = [f"- schema: `{cls.__module__}.{cls.__name__}`; runner: `{_show_plain(_default_of(cls, '_target_'))}`"]
     if cls.campaign_order is not None:
-        facts.append(f"- campaign phase {cls.campaign_order} of `./multirun.sh`"
+        facts.append(f"- a phase of `./multirun.sh`'s campaign (run {_ordinal(cls.campaign_order)})"
                      + (f", swept over `{cls.campaign_sweep}`" if cls.campaign_sweep else ""))
     else:
         facts.append("- not a phase of `./multirun.sh`")
-    if cls.headline:
-        facts.append("- first columns in `k25exp ui`'s runs view: "
-                     + ", ".join(f"`{h}`" for h in (*cls.headline, *cls.headline_params)))
+    state = ui_view_state(name)
+    if state:
+        cols = [c.split(".", 1)[1].strip("`") for c in state["selectedColumns"][1:]
+                if not c.startswith("attributes.")]
+        facts.append("- its row in `k25exp ui`'s runs view ([the MLflow UI](../compare.md#the-mlflow-ui-k25exp-ui)): "
+                     + ", ".join(f"`{c}`" for c in cols))
     facts.append("- a killed job's figures: " + (f"recomputed by `{cls.recover}`" if cls.recover
                                                   else _code_names(cls.no_recovery)))
     facts.append("- `k25exp compare` tests: " + (f"the samples in {', '.join(f'`{a}`' for a in cls.sample_artifacts)}"
@@ -358,8 +368,9 @@ def experiment_page(name: str) -> str:
     if others:
         facts.append("- also: " + ", ".join(f"`experiment={p.stem}` ({_yaml_header(p).split(chr(10))[0] or 'a variant'})"
                                             for p in others))
+    first = next(k.key for k in keys(cls) if k.key not in ("name", "_target_", "warmup", "limit_points"))
     out += facts + ["", "## Keys", "",
-                    f"Under `experiment.` (e.g. `experiment.{keys(cls)[-1].key}=...`). Default: what "
+                    f"Under `experiment.` (e.g. `experiment.{first}=...`). Default: what "
                     f"`experiment={main.stem if main else name}` composes on the embedded default "
                     "(`${...}`: an interpolation, resolved when the job runs).", ""]
     rows = []
@@ -400,6 +411,16 @@ def report_figures_table() -> str:
 def has_metric_docs(name: str) -> bool:
     """An experiment's metrics are documented: its own section, or sections it includes."""
     return bool(metric_docs().get(name) or (metric_docs().get("_includes") or {}).get(name))
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def ui_view_state(name: str) -> Optional[dict]:
+    from k25exp.tracking import ui_view
+
+    return ui_view.state_for(f"k25exp/{name}")
 
 
 def _default_of(cls: type, name: str) -> Any:
