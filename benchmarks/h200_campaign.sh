@@ -50,8 +50,8 @@ case $stage in
   kimi-bench)
     # one server (as k25exp launches it), both clients alternating, 3 runs each per level
     $PYTHON benchmarks/with_server.py "${common[@]}" "${kimi[@]}" -- \
-      $PYTHON benchmarks/client_vs_vllm_bench.py --base-url {base_url} --model {model} \
-      --tokenizer {model_path} --concurrency 1,128,256 --repeats 3 --out "$out/bench" || true ;;
+      $PYTHON -m benchmarks.client_vs_vllm_bench --base-url {base_url} --model {model} \
+      --tokenizer {model_path} hardware=h200_x1 --out "$out/bench" || true ;;
   tiny)
     K25EXP_CAMPAIGN=h200-tiny PHASES="macro profile spec_decode" ./multirun.sh "${common[@]}" \
       'macro:experiment.concurrency=[1,8,32,128]' spec_decode:spec=ngram || true ;;

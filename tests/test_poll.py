@@ -24,7 +24,7 @@ def test_timeout_names_what_was_awaited_and_the_last_error():
     with pytest.raises(PollTimeout, match=r"the thing: not done after 0.2 s; last try: "
                                           r"ConnectionError: refused"):
         wait_until(boom, 0.2, 0.05, "the thing", retry_on=(ConnectionError,))
-    assert 0.15 < time.monotonic() - t < 1.0
+    assert time.monotonic() - t >= 0.19  # it waited its limit (how much longer: the scheduler's)
 
 
 def test_other_errors_end_the_wait_at_once():

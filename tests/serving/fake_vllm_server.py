@@ -61,7 +61,8 @@ def main() -> None:
     workers = [subprocess.Popen([sys.executable, "-m", "tests.serving.fake_vllm_server",
                                  # the model in its argv: tests find their own server's workers
                                  "--worker", str(i), "--model", a.model]) for i in range(int(env("FAKE_VLLM_WORKERS", "0")))]
-    print(f"fake vLLM: {len(workers)} workers started", flush=True)
+    print(f"fake vLLM: {len(workers)} workers started: pids {' '.join(str(w.pid) for w in workers)}",
+          flush=True)
     if env("FAKE_VLLM_HANG_AT_START"):
         while True:
             time.sleep(3600)

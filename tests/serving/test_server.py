@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import http.server
 import os
+import re
 import socket
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
@@ -133,15 +135,19 @@ def test_server_that_exits_early_fails_with_its_log_tail(model, tmp_path):
 
 
 def test_server_that_hangs_at_start_times_out_and_is_stopped(model, tmp_path):
+    """A server that never answers is stopped at server.ready_timeout_s, its whole tree with
+    it: the worker it had started by then (the fake names its pid; on a loaded machine it may
+    not have got that far in 2 s, and then there is no worker to stop)."""
     cfg = typed(*fake_overrides(model, tmp_path, "FAKE_VLLM_HANG_AT_START=1",
                                 "FAKE_VLLM_WORKERS=1"), "server.ready_timeout_s=2")
     srv = server.ManagedServer(server.launch_spec(cfg.server, model))
-    t = time.monotonic()
-    with pytest.raises(server.ServerStartError, match=r"(?s)not ready after 2 s \(server.ready_"
-                       r"timeout_s\).*1 workers started"):
+    with pytest.raises(server.ServerStartError, match=r"not ready after 2 s \(server.ready_"
+                       r"timeout_s\)"):
         srv.start()
-    assert time.monotonic() - t < 15
-    assert not srv.pids()  # its worker too
+    assert not srv.pids()
+    started = re.findall(r"workers started: pids (\d+)", srv.log_path.read_text())
+    for pid in map(int, started):  # stopped with the tree (gone, or a zombie not yet reaped)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_dev_endpoints_are_refused_on_a_network_bind_before_anything_starts(monkeypatch):
