@@ -7,25 +7,16 @@ from pathlib import Path
 from k25exp.config.experiments import TraceBreakdownConfig
 from k25exp.config.schema import K25Config
 from k25exp.runners.profile import breakdown
+from k25exp.traces.files import trace_files
 from k25exp.tracking.recorder import Recorder
-
-
-def expand(paths: list[str], glob: str) -> list[Path]:
-    """Files as given; folders searched (recursively) for `glob`. Missing paths are errors."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            out += sorted(x for x in p.rglob(glob) if "async_llm" not in x.name)
-        elif p.exists():
-            out.append(p)
-        else:
-            raise FileNotFoundError(f"experiment.paths: {p} does not exist")
-    return out
 
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: TraceBreakdownConfig = cfg.experiment
-    paths = expand(exp.paths, exp.trace_glob)
+    try:
+        paths = trace_files(exp.paths, exp.trace_glob)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"experiment.paths: {e}") from None
     if not paths:
         raise FileNotFoundError(f"experiment.paths={exp.paths}: no trace matching {exp.trace_glob!r}")
     return breakdown(paths, exp, out, rec)
