@@ -314,8 +314,7 @@ def _moe_instream(run_fn, x: torch.Tensor, c: int, m, exp: GemmConfig, device: t
     """One MoE layer call at c tokens as the server's graph runs it: calls back to back in one
     CUDA graph, each with its own routing draw (as each layer routes its tokens afresh), over
     the one weight set (a layer's experts; the server's other layers hold other experts: when
-    every expert of this set fits in twice the L2 the figure is optimistic, and the tag
-    timing.instream.weight_note says so)."""
+    the experts a draw touches fit in the L2 the figure is optimistic; nothing flags it yet)."""
     draws = [moe.route(c, m.n_routed_experts, m.num_experts_per_tok, exp.seed + 7919 * (j + 1) + c,
                        device, how) for j in range(exp.instream_calls)]
     t = time_cuda_instream([lambda tw=tw, ti=ti: run_fn(x, tw, ti) for tw, ti in draws],
