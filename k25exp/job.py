@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.envinfo import device_check, host_tags
 from k25exp.model import routing
-from k25exp.redact import redact_config, redact_overrides, scrub, secret_values
+from k25exp.redact import Redaction
 from k25exp.runners import runner_for
 from k25exp.tracking.hydra_callback import read_parent
 from k25exp.tracking.recorder import MemoryRecorder
@@ -35,10 +36,30 @@ log = logging.getLogger("k25exp")
 failed_jobs = 0
 
 
-def _open_run(cfg: DictConfig, out: Path, run_name: str, tags: dict, multirun: bool):
-    """The job's MlflowRun or OfflineRun; None with tracking=none (mlflow never imported)."""
-    parent = read_parent(Path(HydraConfig.get().sweep.dir)) if multirun else None
-    return open_run(cfg.tracking, out, run_name, tags, parent)
+@dataclass(frozen=True)
+class JobConfig:
+    """A job's config as everything it writes sees it, resolved and redacted once.
+
+    Secret-named env values (HF_TOKEN ...) and tracking.redact's names are found once in the
+    resolved config (`redact`); the resolved config and the command line are masked with them
+    here, and the writers (Hydra's files, the run name, params, config.resolved.yaml, tags, the
+    error) take these fields or `redact` itself, never walking the config for secrets again.
+    """
+
+    resolved: dict  # the resolved config, secrets masked ({} when it does not resolve)
+    overrides: list[str]  # Hydra's task overrides, secrets masked
+    run_name: str  # tracking.run_name, else the experiment and the overrides, masked
+    redact: Redaction
+
+    @classmethod
+    def of(cls, cfg: DictConfig, overrides: list[str]) -> "JobConfig":
+        try:
+            resolved = OmegaConf.to_container(cfg, resolve=True)
+        except Exception:  # a bad interpolation: to_typed reports it by key
+            resolved = {}
+        redact = Redaction.of(resolved, cfg.get("tracking", {}).get("redact") or ())
+        overrides = redact.overrides(overrides)
+        return cls(redact(resolved), overrides, redact(_run_name(cfg, overrides)), redact)
 
 
 def _run_name(cfg: DictConfig, overrides: list[str]) -> str:
@@ -49,32 +70,34 @@ def _run_name(cfg: DictConfig, overrides: list[str]) -> str:
     return (f"{name} {' '.join(rest)}" if rest else name)[:250]
 
 
+def _open_run(cfg: DictConfig, out: Path, run_name: str, tags: dict, multirun: bool):
+    """The job's MlflowRun or OfflineRun; None with tracking=none (mlflow never imported)."""
+    parent = read_parent(Path(HydraConfig.get().sweep.dir)) if multirun else None
+    return open_run(cfg.tracking, out, run_name, tags, parent)
+
+
 def run_job(cfg: DictConfig) -> Optional[dict]:
     global failed_jobs
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     out = Path(hc.runtime.output_dir)
     t_start = time.perf_counter()
-    # Secret-named env values (HF_TOKEN ...) are masked in everything this job writes: the
-    # params, the resolved config, tags, the run name and Hydra's own copies of the config.
-    resolved = _resolved(cfg)
-    secrets = secret_values(resolved, cfg.get("tracking", {}).get("redact") or ())
-    overrides = [scrub(o, secrets) for o in redact_overrides(
-        hc.overrides.task, cfg.get("tracking", {}).get("redact") or ())]
-    _scrub_hydra_files(out, secrets)
+    job = JobConfig.of(cfg, list(hc.overrides.task))  # the only place secrets are looked for
+    _scrub_hydra_files(out, job.redact)
 
     try:
         typed = to_typed(cfg)
     except ConfigError as e:
+        e = ConfigError(job.redact(str(e)))  # a bad value may be a secret given by hand
         log.error("%s", e)
         if not multirun:
             print(f"k25exp: {e}", file=sys.stderr)
             raise SystemExit(2)
         failed_jobs += 1
-        _record_config_error(cfg, overrides, e)
+        _record_config_error(cfg, job, e)
         return None
 
-    tags = {**host_tags(Path(typed.paths.root)), "hydra.overrides": " ".join(overrides),
+    tags = {**host_tags(Path(typed.paths.root)), "hydra.overrides": " ".join(job.overrides),
             "k25exp.experiment": typed.experiment.name, "k25exp.output_dir": str(out),
             "hardware": typed.hardware.name, "model": typed.model.name}
     if typed.tracking.campaign:
@@ -97,15 +120,14 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
                  typed.hardware.node_rank)
         run = None
     else:
-        run = _open_run(cfg, out, _run_name(cfg, overrides), tags, multirun)
+        run = _open_run(cfg, out, job.run_name, tags, multirun)
     # the run, keeping each step_headline figure's whole sweep as a tag on the run's row
     rec = ui_view.with_step_summaries(run, typed.experiment) if run is not None else MemoryRecorder()
-    resolved = redact_config(resolved, typed.tracking.redact)
-    (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(resolved))
+    (out / "config.resolved.yaml").write_text(OmegaConf.to_yaml(job.resolved))
     if run is not None:
         from k25exp.tracking.params import flatten
 
-        run.log_params(flatten(resolved))
+        run.log_params(flatten(job.resolved))
         log.info("%s run %s", type(run).__name__, run.run_id)
 
     status, summary, error = "FINISHED", None, ""
@@ -120,10 +142,10 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     except Exception as e:
         status = "FAILED"
         failed_jobs += 1
-        error = scrub(str(e), secrets)
+        error = job.redact(str(e))
         log.error("job failed: %s", error)
         rec.set_tags({"error": error, "error_type": type(e).__name__})
-        (out / "error.txt").write_text(scrub(traceback.format_exc(), secrets))
+        (out / "error.txt").write_text(job.redact(traceback.format_exc()))
     finally:
         measure_s = time.perf_counter() - t_measure
         rec.log_metrics({"measure_s": measure_s, "job_s": time.perf_counter() - t_start})
@@ -138,21 +160,14 @@ def run_job(cfg: DictConfig) -> Optional[dict]:
     return summary
 
 
-def _resolved(cfg: DictConfig) -> dict:
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # a bad interpolation: to_typed reports it by key
-        return {}
-
-
-def _scrub_hydra_files(out: Path, secrets: set[str]) -> None:
+def _scrub_hydra_files(out: Path, redact: Redaction) -> None:
     """Hydra saved the composed config and the command line in .hydra/ before the job ran;
     a secret given on the command line would be uploaded with the run folder."""
-    if not secrets:
+    if not redact.values:
         return
     for f in (out / ".hydra").glob("*.yaml"):
         text = f.read_text()
-        clean = scrub(text, secrets)
+        clean = redact(text)
         if clean != text:
             f.write_text(clean)
 
@@ -178,12 +193,12 @@ def _close_run(run, out: Path, status: str, error: str) -> tuple[str, str]:
     return status, error
 
 
-def _record_config_error(cfg: DictConfig, overrides: list[str], err: ConfigError) -> None:
+def _record_config_error(cfg: DictConfig, job: JobConfig, err: ConfigError) -> None:
     """A multirun job with a bad config still shows up, FAILED, under its parent."""
     try:
         out = Path(HydraConfig.get().runtime.output_dir)
-        run = _open_run(cfg, out, _run_name(cfg, overrides),
-                        {"hydra.overrides": " ".join(overrides)}, multirun=True)
+        run = _open_run(cfg, out, job.run_name, {"hydra.overrides": " ".join(job.overrides)},
+                        multirun=True)
     except Exception as e:  # the tracking config itself may be what is broken
         log.error("could not record the failed job in MLflow: %s", e)
         return

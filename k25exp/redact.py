@@ -9,6 +9,7 @@ equal to a redacted value is replaced too, so a secret interpolated elsewhere do
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 MARK = "***redacted***"
@@ -44,12 +45,6 @@ def secret_values(cfg: Mapping[str, Any], extra: Iterable[str] = ()) -> set[str]
     return found
 
 
-def redact_config(cfg: Any, extra: Iterable[str] = ()) -> Any:
-    """A resolved config (plain dicts/lists) with every secret value masked wherever it appears."""
-    values = secret_values(cfg, extra) if isinstance(cfg, Mapping) else set()
-    return scrub(cfg, values)
-
-
 def scrub(node: Any, values: set[str]) -> Any:
     """`node` with any string containing one of `values` masked (recursively)."""
     if not values:
@@ -65,6 +60,29 @@ def scrub(node: Any, values: set[str]) -> Any:
             if s and s in node:
                 node = node.replace(s, MARK)
     return node
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """What one job masks, found once in its resolved config: the secret values and the extra
+    secret names (tracking.redact). Every writer of the job takes this object, so none walks
+    the config for secrets again."""
+
+    values: frozenset[str] = frozenset()
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, resolved: Mapping[str, Any], names: Iterable[str] = ()) -> "Redaction":
+        names = tuple(names)
+        return cls(frozenset(secret_values(resolved, names)), names)
+
+    def __call__(self, node: Any) -> Any:
+        """`node` (a string, or a resolved config of dicts and lists) with every secret masked."""
+        return scrub(node, self.values)
+
+    def overrides(self, overrides: Iterable[str]) -> list[str]:
+        """Command-line overrides masked: secret-named env keys by name, any secret by value."""
+        return [self(o) for o in redact_overrides(overrides, self.names)]
 
 
 def redact_overrides(overrides: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
