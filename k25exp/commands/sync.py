@@ -30,7 +30,9 @@ def main(args: list[str]) -> int:
     from k25exp.tracking.runs import recover_dead_runs
 
     store = MlflowStore(uri, root)
-    recover_dead_runs(store, TrackingConfig())  # as every command that opens the store
+    # a user's command on the store, like `k25exp ui`: dead jobs' runs are ended first (jobs
+    # themselves never look: k25exp.tracking.runs.recover_dead_runs)
+    recover_dead_runs(store, TrackingConfig())
     report = sync(a.paths, store)
     for folder, run_id, what in report:
         print(f"{what:>16}  {run_id or '-':32}  {folder}")

@@ -18,11 +18,18 @@ def main(args: list[str]) -> int:
     p.add_argument("--workers", type=int, default=1, help="MLflow UI worker processes (default 1)")
     p.add_argument("--uri", help="tracking store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)")
     p.add_argument("--links-only", action="store_true", help="print the links and exit (no server)")
+    p.add_argument("--no-recover", action="store_true",
+                   help="show the runs of jobs killed hard as MLflow left them (RUNNING) instead of "
+                        "ending them KILLED first, as `k25exp recover` does")
     a = p.parse_args(args)
     from k25exp.compare.links import ui_links
     from k25exp.config.store import store_uri
 
     uri = a.uri or store_uri()
+    # A job killed hard left its run RUNNING, and a job never ends other jobs' runs: end them
+    # here, before anyone reads the table, so a dead run shows KILLED with why (not RUNNING)
+    if not a.no_recover:
+        _recover(uri)
     # MLflow 3 opens experiments in its GenAI view; these links open the runs table instead, in
     # k25exp's saved views (brought up to date first: k25exp.tracking.ui_view)
     try:
@@ -39,3 +46,21 @@ def main(args: list[str]) -> int:
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
     print("k25exp:", " ".join(argv), flush=True)
     return subprocess.call(argv, env=env)
+
+
+def _recover(uri: str) -> None:
+    """`k25exp recover` on the store, its lines printed; a failure is said, never fatal (the
+    UI still starts)."""
+    from k25exp.config.schema import TrackingConfig
+    from k25exp.tracking.recover import recover_stale
+
+    try:
+        from k25exp.tracking.mlflow_store import MlflowStore
+
+        done = recover_stale(MlflowStore(uri), TrackingConfig.stale_after_s)
+    except Exception as e:
+        print(f"k25exp ui: looking for runs of dead jobs failed ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return
+    for r in done:
+        print(f"k25exp ui: run {r.run_id} of a dead job: {r.outcome} ({r.detail})", flush=True)

@@ -52,10 +52,12 @@ class MlflowParentRun(Callback):
         if config.tracking.campaign:
             tags["campaign"] = str(config.tracking.campaign)
         # Opening the store here, once, before any job, also creates a fresh SQLite schema
-        # before parallel jobs could race on it.
+        # before parallel jobs could race on it, and ends the runs of jobs killed hard before
+        # (once per sweep: its jobs don't look).
         self.run = open_run(config.tracking, self.sweep_dir / ".k25exp_parent",
                             f"multirun {self.sweep_dir.parent.name} {self.sweep_dir.name}", tags,
-                            role="parent")
+                            role="parent",
+                            recover=bool(config.tracking.get("recover_at_multirun_start")))
         key = "offline_id" if type(self.run).__name__ == "OfflineRun" else "run_id"
         (self.sweep_dir / PARENT_FILE).write_text(json.dumps({key: self.run.run_id}))
         # If the sweep dies (Ctrl-C, a launcher error), don't leave the parent RUNNING.

@@ -27,10 +27,11 @@ def server_unreachable(uri: str, timeout_s: float) -> Optional[str]:
 
 
 def recover_dead_runs(store, tracking) -> None:
-    """Every command that opens the store ends the runs of jobs killed hard (recover.py).
-    Someone else's dead run is never a reason for this job to fail: errors are logged."""
-    if not tracking.recover_on_open:
-        return
+    """End the runs of jobs killed hard (recover.py), where a user or a sweep asks for it:
+    at a multirun's start (open_run's `recover`, when tracking.recover_at_multirun_start),
+    `k25exp ui`, `k25exp sync` and `k25exp recover` — never at a single job's start, which
+    would pay for a search of the whole store. Someone else's dead run is never a reason for
+    this command to fail: errors are logged."""
     from k25exp.tracking.recover import recover_stale
 
     try:
@@ -41,11 +42,12 @@ def recover_dead_runs(store, tracking) -> None:
 
 
 def open_run(tracking, folder: Path, run_name: Optional[str], tags: dict,
-             parent: Optional[dict] = None, role: str = "job"):
+             parent: Optional[dict] = None, role: str = "job", recover: bool = False):
     """An MlflowRun, an OfflineRun, or None (tracking=none).
 
     `parent` is what the multirun's parent left in the sweep folder: {"run_id": ...} for an
-    MLflow parent, {"offline_id": ...} for an offline one.
+    MLflow parent, {"offline_id": ...} for an offline one. `recover`: first end the runs of
+    dead jobs in the store (a multirun's parent asks, once per sweep; a job never does).
     """
     if tracking.backend == "none":
         return None
@@ -62,7 +64,8 @@ def open_run(tracking, folder: Path, run_name: Optional[str], tags: dict,
                     f"tracking.heartbeat_s={tracking.heartbeat_s:g}: a run on another host that "
                     "beats on time would be judged dead and ended")
             store = MlflowStore(tracking.uri, tracking.artifact_root)
-            recover_dead_runs(store, tracking)
+            if recover:
+                recover_dead_runs(store, tracking)
             run = store.start_run(tracking.experiment_name, run_name=run_name,
                                   tags={**tags, **where_tags()},
                                   parent_run_id=(parent or {}).get("run_id"))

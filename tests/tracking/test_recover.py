@@ -149,3 +149,47 @@ def test_a_killed_gemm_jobs_timed_figures_come_back_from_its_samples(tmp_path):
     assert rec.latest("moe.tp2/vllm_fused_moe/latency_us") == {1: 51.0}
     assert "moe.tp2/vllm_fused_moe/latency_us_p90" not in {k for k, _, _ in rec.metrics}  # 3 calls
 
+
+
+def _store_with_a_dead_run(tmp_path):
+    store = MlflowStore(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "art"))
+    dead = store.start_run("k25exp/gemm", tags={**_dead_pid_tags(), "k25exp.experiment": "gemm"})
+    return store, dead.run_id
+
+
+def test_a_job_leaves_other_runs_alone_a_multirun_start_recovers_them(tmp_path):
+    """open_run as a job calls it never searches the store; as the multirun's parent calls it
+    (recover=True), it ends the dead jobs' runs before its own starts."""
+    from k25exp.config.schema import TrackingConfig
+    from k25exp.tracking.runs import open_run
+
+    store, dead = _store_with_a_dead_run(tmp_path)
+    tracking = TrackingConfig(uri=store.uri, artifact_root=str(tmp_path / "art"),
+                              experiment_name="k25exp/gemm", heartbeat_s=0)
+    job = open_run(tracking, tmp_path / "job", "job", {})
+    assert store.client.get_run(dead).info.status == "RUNNING"
+    parent = open_run(tracking, tmp_path / "sweep", "multirun", {}, role="parent", recover=True)
+    d = store.client.get_run(dead)
+    assert d.info.status == "KILLED" and "k25exp.recovered" in d.data.tags
+    assert store.client.get_run(job.run_id).info.status == "RUNNING"  # alive: left alone
+    job.end("FINISHED")
+    parent.end("FINISHED")
+
+
+@pytest.mark.e2e
+def test_a_single_job_does_not_recover_a_multirun_does(k25, tmp_path):
+    """The real CLI on a store holding a dead job's run: `python -m k25exp ...` leaves it
+    RUNNING (what a user sees until something recovers it); the next multirun ends it KILLED."""
+    from tests.conftest import LIGHT_JOB, seed_store
+
+    seed_store(tmp_path / "outputs")  # where the k25 fixture's jobs log
+    store = MlflowStore(f"sqlite:///{tmp_path / 'outputs'}/mlflow.db")
+    dead = store.start_run("k25exp/gemm", tags={**_dead_pid_tags(), "k25exp.experiment": "gemm"}).run_id
+    r = k25(*LIGHT_JOB)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert store.client.get_run(dead).info.status == "RUNNING"
+    r = k25("-m", *LIGHT_JOB)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = store.client.get_run(dead)
+    assert d.info.status == "KILLED", d.data.tags
+    assert f"run {dead} of a dead job: recovered" in r.stdout + r.stderr
