@@ -4,7 +4,10 @@
 #
 #   ./multirun.sh                                   # the embedded default (CPU, gloo, local MLflow, tiny_kimi)
 #   ./multirun.sh hardware=rtx_pro_6000_x8_pcie model=kimi_k25_int4 server.model_path=/models/Kimi-K2.5
-#                                                   # extra args go to every phase as overrides
+#                                                   # extra args go to every phase whose config
+#                                                   # has their key: server.* to the phases that
+#                                                   # drive a server (macro, profile, spec_decode),
+#                                                   # a line says what another phase was not given
 #   PHASES="nccl_burst all_to_all" ./multirun.sh    # a subset of phases
 #   ./multirun.sh debug=quick macro:experiment.concurrency=[1,2]
 #                                                   # PHASE:override goes to that phase only
@@ -14,6 +17,8 @@
 # Environment: K25EXP_CAMPAIGN (default: campaign-<UTC time>), MLFLOW_TRACKING_URI (default:
 # outputs/mlflow.db), PYTHON (default: .venv/bin/python if present, else python3).
 # A phase that fails does not stop the others; the exit status says whether any failed.
+# Each phase's multirun first ends the runs of jobs killed hard in the store (KILLED, with
+# what their folders hold: k25exp.tracking.recover); single jobs never look.
 set -uo pipefail
 cd "$(dirname "$0")"
 
@@ -23,11 +28,14 @@ fi
 export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
 
 # Phases and their sweeps come from the experiment schemas (campaign_order, campaign_sweep in
-# k25exp/config/schema.py): `python -m k25exp.config.campaign` lists them.
-declare -A SWEEP=()
+# k25exp/config/experiments/), with the top-level keys each phase's config has (a server group
+# only where the experiment drives a server): `python -m k25exp.config.campaign` lists them.
+declare -A SWEEP=() KEYS=()
 all_phases=()
-while IFS=$'\t' read -r name args; do
-  SWEEP[$name]="$args"; all_phases+=("$name")
+any_keys=" "
+while IFS=$'\t' read -r name keys args; do
+  SWEEP[$name]="$args"; KEYS[$name]=" $keys "; all_phases+=("$name")
+  for k in $keys; do [[ "$any_keys" == *" $k "* ]] || any_keys+="$k "; done
 done < <("$PYTHON" -m k25exp.config.campaign)
 if (( ${#all_phases[@]} == 0 )); then
   echo "multirun.sh: could not list the campaign's phases with $PYTHON -m k25exp.config.campaign" >&2
@@ -57,6 +65,15 @@ for a in "$@"; do
   fi
 done
 
+# The top-level key an override sets (server.port=1, server=endpoint, +server.x=1 → server);
+# empty for Hydra's flags and its own hydra.* settings, which every phase takes.
+override_key() {
+  local a="$1" k
+  [[ "$a" == -* || ( "$a" != *=* && "$a" != "~"* ) ]] && return
+  k="${a#"${a%%[!+~]*}"}"; k="${k%%=*}"; k="${k%%[./@]*}"
+  [[ "$k" == hydra ]] || printf '%s' "$k"
+}
+
 ok=() failed=()
 t_start=$(date +%s)
 report_log=$(mktemp)
@@ -68,7 +85,30 @@ for phase in $PHASES; do
   fi
   echo "=== phase $phase (campaign $K25EXP_CAMPAIGN)"
   mapfile -t extra < <(printf '%s' "${only[$phase]:-}")
-  set -- "${common[@]}" ${extra[@]+"${extra[@]}"}  # (bash < 4.4: empty arrays and set -u)
+  # An argument for every phase goes to those whose config has its key: server.* reaches the
+  # phases that drive a server, not nccl_burst or gemm (whose config has no server: Hydra would
+  # refuse it). A key no phase has still goes to all, so Hydra names a typo.
+  mine=() dropped=() lacks=" "
+  for a in ${common[@]+"${common[@]}"}; do
+    k=$(override_key "$a")
+    if [[ -n "$k" && "$any_keys" == *" $k "* && "${KEYS[$phase]}" != *" $k "* ]]; then
+      dropped+=("$a"); [[ "$lacks" == *" $k "* ]] || lacks+="$k "
+    else
+      mine+=("$a")
+    fi
+  done
+  if (( ${#dropped[@]} )); then
+    lacks="${lacks# }"
+    echo "multirun.sh: phase $phase has no ${lacks% } in its config: not passing ${dropped[*]}"
+    # One routing across the campaign: a served phase on dummy weights routes uniformly unless
+    # model.routing says otherwise (k25exp.model.routing.effective); a phase without a server
+    # can't see server.load_format, so it is told (the GEMM phase's MoE draws the same routing)
+    if [[ " ${dropped[*]} " == *" server.load_format=dummy "* && " ${common[*]}" != *" model.routing="* ]]; then
+      echo "multirun.sh: phase $phase: model.routing=uniform, as the served phases route on dummy weights"
+      mine+=(model.routing=uniform)
+    fi
+  fi
+  set -- ${mine[@]+"${mine[@]}"} ${extra[@]+"${extra[@]}"}  # (bash < 4.4: empty arrays and set -u)
   if [[ "$phase" == report ]]; then
     # One job; its last lines say where the report is.
     "$PYTHON" -m k25exp experiment=report "$@" | tee "$report_log"

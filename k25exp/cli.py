@@ -28,6 +28,11 @@ def main() -> None:
         import importlib
 
         sys.exit(importlib.import_module(SUBCOMMANDS[sys.argv[1]]).main(sys.argv[2:]))
+    from k25exp.config.scope import missing_part_error
+
+    if why := missing_part_error(sys.argv[1:]):  # server.port=1 on an experiment with no server
+        print(f"k25exp: {why}", file=sys.stderr)
+        sys.exit(2)
     from k25exp import job
     from k25exp.app import hydra_main
 

@@ -80,3 +80,37 @@ def test_no_experiment_is_a_clear_error(k25):
     r = k25()
     assert r.returncode == 2
     assert "no experiment selected: add experiment=NAME" in r.stderr and "nccl_burst" in r.stderr
+
+
+def test_a_server_setting_on_an_experiment_without_a_server_is_a_clear_error(k25):
+    r = k25("experiment=nccl_burst", "server.port=1", seed=False)
+    assert r.returncode == 2
+    assert "k25exp: server.port=1: experiment=nccl_burst has no server" in r.stderr
+    assert "Traceback" not in r.stderr and not (r.outputs / "mlflow.db").exists()
+
+
+def test_ui_ends_the_runs_of_dead_jobs_before_showing_them(tmp_path):
+    """A job killed hard left its run RUNNING; `k25exp ui` ends it KILLED (with why) before
+    anyone reads the table, unless told not to."""
+    from k25exp.tracking.liveness import where_tags
+    from k25exp.tracking.mlflow_store import MlflowStore
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store = MlflowStore(uri)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    tags = where_tags(gone.pid)
+    gone.wait()
+    dead = store.start_run("k25exp/gemm", tags={**tags, "k25exp.experiment": "gemm"}).run_id
+
+    def ui(*extra):
+        return subprocess.run([sys.executable, "-m", "k25exp", "ui", "--links-only", "--uri", uri, *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    p = ui("--no-recover")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert store.client.get_run(dead).info.status == "RUNNING"
+    p = ui()
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"k25exp ui: run {dead} of a dead job: recovered" in p.stdout
+    run = store.client.get_run(dead)
+    assert run.info.status == "KILLED" and "is not running" in run.data.tags["k25exp.recovered_reason"]

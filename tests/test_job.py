@@ -108,3 +108,25 @@ def test_tracking_none_writes_no_store(k25):
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (r.outputs / "mlflow.db").exists()
     assert list(r.outputs.glob("runs/*/*/results.csv"))
+
+
+def test_the_job_config_is_resolved_and_its_secrets_found_once(monkeypatch):
+    """JobConfig.of walks the resolved config for secrets once; the resolved config, the
+    overrides and the run name it hands the writers are masked already."""
+    from k25exp import redact
+    from k25exp.job import JobConfig
+    from tests.conftest import compose_cfg
+
+    walks = []
+    real = redact.secret_values
+    monkeypatch.setattr(redact, "secret_values", lambda *a: walks.append(1) or real(*a))
+    overrides = ["experiment=nccl_burst", "+hardware.env.HF_TOKEN=hf_abc123",
+                 "+hardware.env.PLAIN=plain-v", "tracking.redact=[PLAIN]", "+experiment.note=x-hf_abc123"]
+    job = JobConfig.of(compose_cfg(*overrides), overrides)
+    assert len(walks) == 1
+    text = str(job.resolved) + " ".join(job.overrides) + job.run_name
+    assert "hf_abc123" not in text and "plain-v" not in text
+    assert job.resolved["hardware"]["env"]["HF_TOKEN"] == redact.MARK
+    assert job.resolved["experiment"]["note"] == f"x-{redact.MARK}"  # found by value elsewhere
+    assert job.run_name.startswith("nccl_burst +hardware.env.HF_TOKEN=***redacted***")
+    assert job.redact("failed with hf_abc123") == f"failed with {redact.MARK}"

@@ -43,12 +43,87 @@ def test_a_phase_override_replaces_that_phase_s_own_sweep_of_the_key(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": "c-sweep",
            "PYTHON": warm_python(), "PHASES": "nccl_burst"}
+    # server settings for the whole campaign (the README's command passes them): this phase
+    # has no server, so they are left out of its command line, and it says so
     p = subprocess.run(["./multirun.sh", "debug=quick", "experiment.communicator=torch",
+                        "server.model_path=/models/X", "server.port=0",
                         "nccl_burst:experiment.tokens=2", f"paths.outputs={tmp_path}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert ("multirun.sh: phase nccl_burst has no server in its config: not passing "
+            "server.model_path=/models/X server.port=0") in p.stdout
     runs = MlflowClient(uri).search_runs(
         [e.experiment_id for e in MlflowClient(uri).search_experiments()])
     tokens = sorted(int(r.data.params["experiment.tokens"]) for r in runs
                     if r.data.tags.get("k25exp.role") != "parent")
     assert tokens == [2]
+    assert not any(k.startswith("server.") for r in runs for k in r.data.params)
+
+
+def _recording_python(tmp_path):
+    """A $PYTHON that lists the campaign with the real interpreter (the phases, their sweeps and
+    the keys each phase's config has) and, in place of each phase's job, prints its arguments:
+    which overrides reach which phase, without serving a model for minutes."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'if [[ "$1 $2" == "-m k25exp" ]]; then shift 2; echo "RUN $*"; exit 0; fi\n'
+                    f'exec {warm_python()} "$@"\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def _phase_lines(stdout: str) -> dict[str, str]:
+    """Each phase's job command line, by experiment."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("RUN "):
+            name = next(w for w in line.split() if w.startswith("experiment="))[len("experiment="):]
+            out[name] = line
+    return out
+
+
+def test_the_readme_campaign_gives_server_settings_to_the_serving_phases_only(tmp_path):
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "K25EXP_CAMPAIGN": "c-route"}
+    env.pop("PHASES", None)
+    p = subprocess.run(["./multirun.sh", "hardware=rtx_pro_6000_x8_pcie", "model=kimi_k25_int4",
+                        "server.model_path=/models/Kimi-K2.5"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = _phase_lines(p.stdout)
+    assert set(lines) == {"nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro", "profile",
+                          "spec_decode", "report"}
+    for name, line in lines.items():
+        assert "hardware=rtx_pro_6000_x8_pcie model=kimi_k25_int4" in line
+        served = name in ("macro", "profile", "spec_decode")
+        assert ("server.model_path=/models/Kimi-K2.5" in line) == served, line
+        said = (f"multirun.sh: phase {name} has no server in its config: not passing "
+                "server.model_path=/models/Kimi-K2.5")
+        assert (said in p.stdout) == (not served)
+
+
+def test_h200_campaign_stages_still_route_their_server_settings(tmp_path):
+    """benchmarks/h200_campaign.sh passes server.* to every phase of PHASES="profile gemm":
+    profile gets them, gemm does not, and the rest of its arguments reach both as before."""
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "K25_GPU_OUT": str(tmp_path / "out")}
+    p = subprocess.run(["benchmarks/h200_campaign.sh", "kimi-rest"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = _phase_lines(p.stdout)
+    assert set(lines) == {"profile", "gemm"}
+    assert "server.load_format=dummy" in lines["profile"] and "server.port=0" in lines["profile"]
+    assert "server." not in lines["gemm"], lines["gemm"]
+    for name in lines:
+        assert "model=kimi_k25_int4 model.tp_rank_of=8" in lines[name]
+        assert "model.routing=uniform" in lines[name] and "tracking=offline" in lines[name]
+    assert "experiment.calls=50" in lines["gemm"] and "experiment.concurrency=1,32,128,256" in lines["profile"]
+
+
+def test_a_dummy_weight_campaign_keeps_one_routing_in_the_phases_without_a_server(tmp_path):
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "PHASES": "gemm macro"}
+    p = subprocess.run(["./multirun.sh", "model=kimi_k25_int4", "server.load_format=dummy"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = _phase_lines(p.stdout)
+    # macro routes uniformly on dummy weights by itself (k25exp.model.routing.effective)
+    assert "server.load_format=dummy" in lines["macro"] and "model.routing" not in lines["macro"]
+    assert "model.routing=uniform" in lines["gemm"] and "server." not in lines["gemm"]

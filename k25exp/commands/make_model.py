@@ -38,6 +38,10 @@ def main(argv: list[str]) -> int:
     overrides = list(a.overrides)
     if not any(o.startswith("model=") for o in overrides):
         overrides.insert(0, "model=tiny_kimi")
+    # the model cache is the server group's (server.model_cache), which only the serving
+    # experiments compose: add it as they do, unless the command line chose one
+    if not any(o.lstrip("+").startswith("server=") for o in overrides):
+        overrides.insert(0, "+server=vllm")
     # the package's config tree, as `python -m k25exp` composes it: an installed wheel has no
     # checkout's conf/ beside it
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

@@ -1,7 +1,8 @@
 """The campaign's phases, in order, as the experiment schemas declare them.
 
-multirun.sh asks this module (`python -m k25exp.config.campaign`) for its phase list and
-each phase's sweep, and the report for the phases it expects; neither keeps its own list.
+multirun.sh asks this module (`python -m k25exp.config.campaign`) for its phase list, each
+phase's sweep and the config keys each phase has, and the report for the phases it expects;
+neither keeps its own list.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def sweep(phase: str) -> str:
 
 
 if __name__ == "__main__":
-    # One line per phase: NAME<TAB>SWEEP ARGUMENTS (for multirun.sh)
+    # One line per phase (for multirun.sh): NAME<TAB>TOP-LEVEL KEYS<TAB>SWEEP ARGUMENTS, the
+    # keys being those its config has (k25exp.config.scope), so each phase gets only its own
+    # overrides (the sweep last: it may be empty, and bash's read folds adjacent tabs)
+    from k25exp.config.scope import phase_keys
+
     for p in phases():
-        print(f"{p}\t{sweep(p)}")
+        print(f"{p}\t{' '.join(sorted(phase_keys(p)))}\t{sweep(p)}")

@@ -120,6 +120,11 @@ class HardwareConfig:
     # the path an AVX2-only CPU takes (no shared-memory all-reduce: gloo) in the server, the
     # collective ranks and the GEMM job alike. Tag vllm.cpu_isa says what each loaded.
     vllm_cpu_isa: Optional[str] = None
+    # CPU boxes: how a TP group's ranks get cores, VLLM_CPU_OMP_THREADS_BIND's syntax ("0,1|2,3":
+    # one core list per rank) or "split" (this process's CPUs in equal blocks); null = unbound.
+    # The CPU-build server binds its TP workers this way (server.cpu_threads_bind follows it)
+    # and the collective ranks get the same placement, so both run as the server does.
+    cpu_threads_bind: Optional[str] = "split"
     # CUDA boxes: NVML sampled every this many ms while a job measures (clocks, power,
     # utilisation, memory, temperature; throttling and shared-GPU flags), the first
     # nproc_per_node visible GPUs (k25exp.tracking.telemetry). 0 = off. Unused on CPU.
@@ -142,13 +147,15 @@ class TrackingConfig:
     # Env names redacted wherever k25exp writes them (MLflow params, resolved config, server
     # log header), besides any name containing TOKEN, KEY, SECRET or PASSWORD (k25exp.redact).
     redact: List[str] = field(default_factory=list)
-    # A job killed hard leaves its run RUNNING: every command that opens the store (and
-    # `k25exp recover`) ends such runs KILLED with what their folder holds. A run is dead when
-    # its pid on this host is gone (or reused); on another host, when its heartbeat tag,
-    # refreshed every heartbeat_s (0 = never), is older than stale_after_s.
+    # A job killed hard leaves its run RUNNING. Each multirun's start (so each phase of
+    # ./multirun.sh), `k25exp ui`, `k25exp sync` and `k25exp recover` end such runs KILLED with
+    # what their folder holds; a single job does not look (docs/mlflow.md: what a dead run
+    # looks like until then). A run is dead when its pid on this host is gone (or reused); on
+    # another host, when its heartbeat tag, refreshed every heartbeat_s (0 = never), is older
+    # than stale_after_s.
     heartbeat_s: float = 30.0
     stale_after_s: float = 900.0
-    recover_on_open: bool = True  # false: leave dead runs to `k25exp recover`
+    recover_at_multirun_start: bool = True  # false: leave dead runs to `k25exp recover` / ui
 
 
 @dataclass
@@ -210,7 +217,7 @@ class ServerConfig:
     # TP rank an equal share of this process's CPUs ("0|1" on two cores). Set only when
     # hardware.device is cpu.
     cpu_kvcache_space_gib: Optional[int] = None
-    cpu_threads_bind: Optional[str] = "split"  # VLLM_CPU_OMP_THREADS_BIND, or split
+    cpu_threads_bind: Optional[str] = "split"  # VLLM_CPU_OMP_THREADS_BIND, or split (vllm.yaml: hardware's)
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for the server (secrets masked in logs)
     extra_args: List[str] = field(default_factory=list)  # more vLLM arguments, verbatim
     # vLLM's --profiler-config (JSON object), e.g. {profiler: torch, torch_profiler_dir: DIR}.
@@ -227,6 +234,8 @@ class K25Config:
     hardware: HardwareConfig = MISSING
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
+    # The server group: composed only by the experiments that drive a server (their files'
+    # defaults list `/server: vllm`); None for every other experiment.
+    server: Optional[ServerConfig] = None
     experiment: Any = None
     seed: int = 0  # the campaign's seed: prompts, weights, inputs (experiments interpolate it)

@@ -113,12 +113,13 @@ def make_spec(cfg: K25Config, op: str, points: list[Point]) -> CollectiveSpec:
 
 def rank_cpus(cfg: K25Config) -> Optional[list[list[int]]]:
     """CPU: each local rank's CPUs as the CPU-build server binds its TP workers
-    (server.cpu_threads_bind: "split" gives each an equal block of this process's CPUs, or
-    explicit lists "0,1|2,3"), so the collectives are timed with the placement the server's
+    (hardware.cpu_threads_bind, which server.cpu_threads_bind follows: "split" gives each an
+    equal block of this process's CPUs, or explicit lists "0,1|2,3"; a collective job has no
+    server group), so the collectives are timed with the placement the server's
     run with (unbound, a rank and gloo's threads migrate between cores: on 2 cores the step's
     gloo burst read 10.7 ms where the server's profile held 7.9 ms of transport).
     None on CUDA, when unbound, or with fewer CPUs than ranks."""
-    hw, bind = cfg.hardware, cfg.server.cpu_threads_bind
+    hw, bind = cfg.hardware, cfg.hardware.cpu_threads_bind
     if hw.device != "cpu" or not bind:
         return None
     try:
