@@ -182,8 +182,9 @@ def test_a_single_job_does_not_recover_a_multirun_does(k25, tmp_path):
     RUNNING (what a user sees until something recovers it); the next multirun ends it KILLED."""
     from tests.conftest import LIGHT_JOB, seed_store
 
-    seed_store(tmp_path / "outputs")  # where the k25 fixture's jobs log
-    store = MlflowStore(f"sqlite:///{tmp_path / 'outputs'}/mlflow.db")
+    outputs = tmp_path / "outputs"  # where the k25 fixture's jobs log, artifacts beside the store
+    seed_store(outputs)
+    store = MlflowStore(f"sqlite:///{outputs}/mlflow.db", str(outputs / "mlartifacts"))
     dead = store.start_run("k25exp/gemm", tags={**_dead_pid_tags(), "k25exp.experiment": "gemm"}).run_id
     r = k25(*LIGHT_JOB)
     assert r.returncode == 0, r.stderr[-3000:]
