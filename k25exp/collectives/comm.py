@@ -24,6 +24,7 @@ from k25exp.collectives.spec import COMMUNICATORS
 
 class TorchComm:
     name = "torch"
+    synchronous = False  # gloo/NCCL work handles: an op's end is not seen on the host
 
     def run(self, op: str, send: torch.Tensor, recv: Optional[torch.Tensor], async_op: bool):
         """Issues one op; returns (work handle or None, the op's output tensor)."""
@@ -69,6 +70,9 @@ class VllmComm:
             init_distributed_environment(world, rank, "env://", local_rank, backend)
             initialize_model_parallel(tensor_model_parallel_size=world)
         self.tp = get_tp_group()
+        # On CPU an op returns when it is done (shm or gloo, waited inside vLLM), so its host
+        # start and end bound it; on CUDA they bound only the launch.
+        self.synchronous = True
 
     def run(self, op: str, send: torch.Tensor, recv: Optional[torch.Tensor], async_op: bool):
         # vLLM's ops are synchronous on the host (CPU) or stream-ordered (CUDA): no handles.

@@ -7,6 +7,16 @@ A sequence of ops of several kinds (a decode step) has bus bytes Σ S_i × facto
 busbw = bus bytes / t. GB/s = 1e9 B/s.
 Across ranks, each sample is the slowest rank's (every sample starts at a barrier, so the
 collective is done only when the last rank is).
+
+Wait vs transport, for a burst whose ops return when done (vLLM's CPU communicator, ranks on
+one host): each op on rank r is split at its last arrival over the ranks, as
+k25exp.traces.comm_split splits the server's collectives: wait_r = last − start_r, transport_r
+= end_r − last. Summed over the step's ops, mean over ranks, median over bursts. Ops issued
+back to back make every rank that finishes an op first wait in the next one for the rank
+that finished last (a thread handoff later); that wait is not the link's, and the server's
+own wait is the profile's. The end here is the caller's return, so transport also holds the
+hand-back from gloo's worker thread to the caller, which the analyser's span (the worker's
+end) leaves out (tens of µs per op on CPU).
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ class PointResult:
     sequence_bytes: Optional[list[int]] = None
     impl: dict = field(default_factory=dict)  # the communicator and what it picked
     queued_kind_s: dict = field(default_factory=dict)  # a sequence's ops of one kind, bursts
+    # per burst, Σ over the ops of (wait, transport) in s, mean over ranks (module docstring)
+    queued_split_s: Optional[list[tuple[float, float]]] = None
 
     def bus_bytes(self, world: int, op: str = "all_reduce") -> float:
         """Bytes that count for bus bandwidth: each op of a sequence with its own kind's
@@ -83,6 +95,14 @@ class PointResult:
     @property
     def burst_ms(self) -> float:
         return median(self.queued_s) * 1e3
+
+    @property
+    def burst_wait_ms(self) -> Optional[float]:
+        return median([w for w, _ in self.queued_split_s]) * 1e3 if self.queued_split_s else None
+
+    @property
+    def burst_transport_ms(self) -> Optional[float]:
+        return median([t for _, t in self.queued_split_s]) * 1e3 if self.queued_split_s else None
 
     def blocking_us(self, q: float) -> float:
         return percentile(self.blocking_s, q) * 1e6
@@ -133,6 +153,28 @@ def _elementwise_max(lists: Sequence[Sequence[float]]) -> list[float]:
     return [max(xs) for xs in zip(*lists)]
 
 
+def split_bursts(marks: Sequence[Sequence[Sequence[Sequence[int]]]]
+                 ) -> Optional[list[tuple[float, float]]]:
+    """marks[rank][burst][op] = [start_ns, end_ns] on one clock -> per burst (wait, transport)
+    in s, each Σ over ops and mean over ranks (module docstring); None when the ranks' bursts
+    or ops do not line up."""
+    n_ranks = len(marks)
+    if n_ranks < 2 or len({len(m) for m in marks}) != 1:
+        return None
+    out = []
+    for b in range(len(marks[0])):
+        per_rank = [marks[r][b] for r in range(n_ranks)]
+        if len({len(ops) for ops in per_rank}) != 1:
+            return None
+        wait = transport = 0
+        for i in range(len(per_rank[0])):
+            last = max(ops[i][0] for ops in per_rank)
+            wait += sum(last - ops[i][0] for ops in per_rank)
+            transport += sum(ops[i][1] - last for ops in per_rank)
+        out.append((wait / n_ranks / 1e9, transport / n_ranks / 1e9))
+    return out
+
+
 def read_rank_files(raw_dir: Path) -> RankFiles:
     """Every rank's records: rank 0's gathered copy when there is one (it is the only
     complete copy on several nodes), else the per-rank files; faults from the rank files."""
@@ -144,6 +186,7 @@ def read_rank_files(raw_dir: Path) -> RankFiles:
         recs = local
     env = sorted((r for r in recs if r["kind"] == "env"), key=lambda r: r["rank"])
     world = env[0]["world_size"] if env else 0
+    one_host = len({e.get("host") for e in env}) == 1  # one clock: marks comparable
     by_point: dict[int, list[dict]] = {}
     for r in recs:
         if r["kind"] == "point":
@@ -169,6 +212,8 @@ def read_rank_files(raw_dir: Path) -> RankFiles:
             impl=first.get("impl") or {},
             queued_kind_s={k: _elementwise_max([r["queued_kind_s"][k] for r in rs])
                            for k in first.get("queued_kind_s", {})},
+            queued_split_s=split_bursts([r["queued_marks_ns"] for r in rs])
+            if one_host and all("queued_marks_ns" in r for r in rs) else None,
         ))
     faults = [r for r in recs if r["kind"] == "fault"]
     return RankFiles(world, env, points, faults, incomplete)

@@ -11,7 +11,9 @@ Timing (host clock, time.perf_counter_ns, on every rank; the reader takes the sl
 - queued: a barrier, then `burst` ops issued back to back (gloo: async work handles waited
   at the end; NCCL: stream-ordered launches, one device sync at the end; vLLM's CPU ops
   return when done). Divided by the burst length this is nccl-tests' per-op time. A point
-  with a `sequence` (a decode step's collectives) issues that sequence as its burst.
+  with a `sequence` (a decode step's collectives) issues that sequence as its burst; with
+  vLLM's CPU communicator each op's start and end are also kept (queued_marks_ns), so the
+  reader splits the burst into wait and transport at each op's last arrival.
 - blocking: a barrier, then one op, waited for and synchronised; per-op latency. For a
   sequence, each of its ops in turn, pass after pass. After a barrier every rank arrives
   together, so this is the op's transport time, without waiting for a late rank.
@@ -33,6 +35,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -104,11 +107,20 @@ def _barrier(device: torch.device) -> None:
     _sync(device)
 
 
-def time_queued(ops: list[Collective], device: torch.device) -> float:
-    """One burst: every op of `ops` issued back to back, one wait / sync at the end."""
+def time_queued(ops: list[Collective], device: torch.device, marks: Optional[list] = None) -> float:
+    """One burst: every op of `ops` issued back to back, one wait / sync at the end.
+
+    `marks` (a list), for ops that return when done (vLLM's CPU communicator): each op's
+    [start, end] on this host's monotonic clock (ns) is appended, so the reader can split the
+    burst at each op's last arrival across ranks, as the trace analyser splits the server's."""
     _barrier(device)
     t0 = time.perf_counter_ns()
-    if device.type == "cuda":
+    if marks is not None:
+        for c in ops:
+            t = time.perf_counter_ns()
+            c.run()
+            marks.append([t, time.perf_counter_ns()])
+    elif device.type == "cuda":
         for c in ops:
             c.run()  # enqueued on the current stream; the host does not wait
     else:
@@ -208,7 +220,15 @@ def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device:
         rec["wrong_all_ranks"] = int(total_wrong.item())
     for _ in range(spec.warmup):
         time_queued(ops, device)
-    rec["queued_s"] = [time_queued(ops, device) for _ in range(p.reps)]
+    if p.sequence and device.type == "cpu" and getattr(comm, "synchronous", False):
+        # per-op arrival and end on the host clock every local rank shares (CLOCK_MONOTONIC)
+        rec["queued_s"], rec["queued_marks_ns"] = [], []
+        for _ in range(p.reps):
+            marks: list = []
+            rec["queued_s"].append(time_queued(ops, device, marks))
+            rec["queued_marks_ns"].append(marks)
+    else:
+        rec["queued_s"] = [time_queued(ops, device) for _ in range(p.reps)]
     if p.sequence:  # each kind's ops of the step alone, as a burst: the step's time per kind
         kinds = dict.fromkeys(c.op for c in ops)
         rec["queued_kind_s"] = {k: [time_queued([c for c in ops if c.op == k], device)

@@ -43,6 +43,14 @@ Per level (requests that failed count in `errors` only):
     valid          1 unless the client lagged or failed, or a delivery stall was seen; invalid_reason()
                    names which
     tpot_gap_pct   (client mean TPOT − server mean TPOT) / server's, % (tpot_gap_pct())
+    prefills_per_decode_step, prefill_tokens_per_decode_step  the other requests whose first
+                   token (the end of their prefill) came while a request was decoding (after
+                   its first token, before its last), and their prompt tokens, over that
+                   request's decode steps (output tokens − 1), summed over the level's
+                   requests: the prefill work a decode step of this level shared with it on
+                   average (decode_prefills()). A closed loop of c requests in a steady state
+                   approaches (c − 1) / output tokens; one that starts at once and ends in
+                   waves shares fewer. Counted from the client's clock, not from latencies
 Percentiles are linear interpolation between order statistics (numpy's default).
 
 Long because every per-level figure's definition sits beside its code, in one place.
@@ -135,6 +143,7 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     if ci is not None:
         m["output_tok_s_ci_lo"], m["output_tok_s_ci_hi"] = ci
     m["request_s"] = len(ok) / wall_s if wall_s > 0 else 0.0
+    m.update(decode_prefills(ok))
     if target_output is not None:
         m["output_tokens_mismatch"] = sum(r["output_tokens"] != target_output for r in ok)
     if target_input is not None:
@@ -166,6 +175,32 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     m["valid"] = float(not m["client_lagged"] and not m["delivery_stalls"]
                        and not m["client_failures"])
     return m
+
+
+def decode_prefills(ok: Sequence[dict]) -> dict[str, float]:
+    """prefills_per_decode_step and prefill_tokens_per_decode_step (module docstring); {} when
+    no request decoded more than one token."""
+    if any(r.get("sent_s") is None for r in ok):  # records without the client's send clock
+        return {}
+    firsts = sorted((r["sent_s"] + r["ttft_s"], r.get("prompt_tokens") or 0) for r in ok)
+    times = [t for t, _ in firsts]
+    cum = np.concatenate([[0], np.cumsum([n for _, n in firsts])])
+    steps = prefills = tokens = 0
+    for r in ok:
+        n = r["output_tokens"] or 0
+        if n < 2:
+            continue
+        # strictly inside (first token, last token): the request's own first token is not
+        lo = int(np.searchsorted(times, r["sent_s"] + r["ttft_s"], side="right"))
+        hi = int(np.searchsorted(times, r["sent_s"] + r["e2e_s"], side="left"))
+        if hi > lo:
+            prefills += hi - lo
+            tokens += int(cum[hi] - cum[lo])
+        steps += n - 1
+    if not steps:
+        return {}
+    return {"prefills_per_decode_step": prefills / steps,
+            "prefill_tokens_per_decode_step": tokens / steps}
 
 
 def send_lag_judged(m: dict) -> float:

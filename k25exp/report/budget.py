@@ -4,7 +4,9 @@
     comm_ms        nccl_burst at tokens=1: the decode step's collectives (2 × layers + 2:
                    embedding all-reduce, 2 per layer, logits all-gather) through the run's
                    communicator (vLLM's own by default), as one burst (burst_ms; its CUDA-
-                   graph replay, graph_burst_ms, when the server ran graphs: measured.burst_key).
+                   graph replay, graph_burst_ms, when the server ran graphs; its transport,
+                   burst_transport_ms, where the run split it at each op's last arrival as the
+                   profile splits the server's: measured.burst_key).
                    World size 1 (the served runs' server.tp 1, measured.one_rank): 0 ms, and
                    every communication share 0 %: no collectives, no peer to wait for
     gemm_ms        Σ over the model's GEMMs of latency(M=1) × count_per_layer × layers, from
@@ -199,14 +201,17 @@ def _comm_figure(c: Campaign, burst: Optional[RunView]) -> Figure:
     key = burst_key(c, burst)
     comm = burst.metrics.get(key)
     if comm is None:
-        return missing(M.COMM, f"run {burst.short} has no burst_ms")
+        return missing(M.COMM, f"run {burst.short} has no {key}")
     ops = burst.param("experiment.ops_per_step", int)
     what = (f"the step's {burst.metrics.get('ops_per_step', 0):.0f} collectives "
             f"({burst.metrics.get('bytes_per_step', 0):.0f} B)" if ops is None else
             f"{ops} AllReduces of {burst.param('experiment.message_bytes')} B (the seed's "
             "burst: no embedding all-reduce, no logits all-gather)")
-    how = ("CUDA-graph replay (the server runs graphs)" if key == "graph_burst_ms"
-           else "queued, eager")
+    how = {"graph_burst_ms": "CUDA-graph replay (the server runs graphs)",
+           "burst_transport_ms": "queued, eager, transport only: each op from the last rank's "
+           f"arrival to its end (the burst's own wait, {burst.metrics.get('burst_wait_ms', 0):.3f} "
+           f"ms of {burst.metrics.get('burst_ms', 0):.3f}, left out: ops back to back make it)"
+           }.get(key, "queued, eager")
     return Figure(M.COMM, comm, [burst],
                   f"{what}, {how}, communicator {burst.param('experiment.communicator', str, 'torch')}"
                   f" ({burst.tags.get('communicator.impl', burst.param('hardware.backend'))}) on "

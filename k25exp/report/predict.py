@@ -6,7 +6,13 @@ norm/activation, memory, other, idle/host, the collectives' wait for the last ra
 micro-benchmark starts every op after a barrier, so it times transport only) and the host
 time between two steps (the trace's median gap between consecutive decode steps): linear in
 c between profiled concurrencies, the nearest profile's value outside them (said so per
-level). Missing in means missing out: a part that a profile the level needs (the two around
+level). + the other requests' prefills a decode step shares: the macro level's
+prefill_tokens_per_decode_step (counted from its requests' send clock: prompt tokens whose
+prefill ended inside a request's decode, per decode step) × the profiles' prefill time per
+prompt token (their prefill steps' time / their context tokens, interpolated as above). The
+profile drives one wave of requests, so its decode steps hold no prefill; the macro's closed
+loop replaces each finished request, and those prefills run inside the steps TPOT counts
+(at c = 256 on one H200: a 37.6 ms decode step under a 45.8 ms TPOT). Missing in means missing out: a part that a profile the level needs (the two around
 it, or the nearest) did not measure leaves the level without a prediction and without an
 error, and its note names the part; it is never counted as 0 ms. Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
@@ -50,6 +56,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     rows = []
     tpots, tpot_src = tpot or engine_tpot(macro)
     client = macro.history("tpot_ms_p50")
+    shared = macro.history("prefill_tokens_per_decode_step")
+    per_token = {k: m.get("prefill_us_per_token") for k, m in per_c.items()}
     if micro.one_rank:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
                          "the collectives and their wait count 0 ms at every level")
@@ -70,14 +78,18 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
             rest += v
             if how:
                 held.add(how)
+        prefill, why_pf = _prefill_ms(shared.get(level), per_token, level)
         if absent:
             notes.append(f"missing: {', '.join(absent)} (not in the profile(s) this level needs)")
             rest = None
+        if why_pf:
+            notes.append(why_pf)
         if held:
             notes.append("uncovered parts " + ", ".join(sorted(held)))
-        pred = None if rest is None or any(v is None for v in parts.values()) \
-            else sum(parts.values()) + rest
-        row = [level, tpot, client.get(level), pred, parts["comm"], parts["gemm"], parts["moe"], rest]
+        pred = None if rest is None or prefill is None or any(v is None for v in parts.values()) \
+            else sum(parts.values()) + rest + prefill
+        row = [level, tpot, client.get(level), pred, parts["comm"], parts["gemm"], parts["moe"], rest,
+               prefill]
         if pred is not None:
             err = (pred - tpot) / tpot * 100
             out[level] = {M.TPOT_PRED_MS: pred, M.TPOT_PRED_ERR: err}
@@ -87,11 +99,14 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         rows.append(row + ["; ".join(notes)])
     sec.tables.append(Table("Predicted vs measured TPOT (ms)",
                             ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
-                             "collectives", "GEMMs", "MoE", "uncovered (profile)", "error %", "note"], rows,
+                             "collectives", "GEMMs", "MoE", "uncovered (profile)",
+                             "prefills shared", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro: in-stream "
                             "where timed so, else isolated) + attention, norm/activation, memory, "
                             "other, idle, the collectives' wait and the host time between steps "
-                            "from the profiles; parts assumed additive"
+                            "from the profiles + prefills shared (the macro level's prompt tokens "
+                            "prefilled per decode step × the profiles' prefill µs per token); "
+                            "parts assumed additive"
                             + (f"; {ONE_RANK}" if micro.one_rank else "")))
     if out:
         worst = max(out, key=lambda k: abs(out[k][M.TPOT_PRED_ERR]))
@@ -111,6 +126,23 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         sec.figures.append(missing(M.TPOT_PRED_WORST, "no level had every part: " + "; ".join(
             sorted({r[-1] for r in rows if r[-1]}))[:400]))
     return sec, out
+
+
+def _prefill_ms(tokens: Optional[float], per_token: dict[int, Optional[float]], level: int
+                ) -> tuple[Optional[float], str]:
+    """The prefills a decode step of `level` shares, ms per step, and a note (module
+    docstring); None (the level gets no prediction) when a figure it needs is missing."""
+    if tokens is None:
+        return None, ("missing: prefills shared (the macro run has no "
+                      "prefill_tokens_per_decode_step: a run older than that figure)")
+    if tokens == 0:
+        return 0.0, ""
+    known = {k: v for k, v in per_token.items() if v is not None}
+    if not known:
+        return None, "missing: prefills shared (no profile of this campaign timed a prefill step)"
+    us, how = _lerp(known, level)
+    return tokens * us / 1e3, (f"prefills shared: {tokens:.1f} prompt tokens per step × "
+                               f"{us:.2f} µs" + (f" ({how})" if how else ""))
 
 
 def _lerp(points: dict[int, Optional[float]], c: int) -> tuple[Optional[float], str]:

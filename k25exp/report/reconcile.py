@@ -220,6 +220,9 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
         gap = p.metrics.get("between_steps_ms")
         rows.append(["between steps (host)", None, gap, None,
                      "median gap between consecutive decode steps: in no step's category"])
+        m_pf = p.metrics.get("prefill_us_per_token")  # the profile's prefill steps, per token
+        if m_pf is not None:
+            m["prefill_us_per_token"] = m_pf
         for name, v in (("between_steps_ms", gap), ("comm_burst_ms", burst),
                         ("comm_transport_ms", comm["transport"]),
                         ("comm_wait_ms", comm["wait"]), ("profiled_step_ms", step), ("tpot_ms", tpot)):

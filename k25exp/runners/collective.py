@@ -52,7 +52,9 @@ def timing_tags(spec: CollectiveSpec) -> dict[str, str]:
         if spec.graph else "off" + (" (CPU: no graphs)" if spec.device == "cpu" else "")
     if spec.communicator == "vllm" and spec.device == "cpu":
         # vLLM's CPU ops return when done (no work handles): nothing is queued behind another
-        issue = "a burst of ops run one after another (vLLM's CPU ops return when done)"
+        issue = ("a burst of ops run one after another (vLLM's CPU ops return when done; "
+                 "each op's start and end kept, the step's burst split into wait and "
+                 "transport at each op's last arrival over the ranks)")
     else:
         issue = "a burst of ops issued back to back, one wait/sync at the end"
     return {

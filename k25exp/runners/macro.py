@@ -69,6 +69,8 @@ LEVEL_METRICS = {  # logged at step = concurrency
     # speculative decoding, when the server runs it (server_metrics.spec_figures)
     "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
     "mean_accepted_tokens", "mean_acceptance_length", "tokens_per_chunk",
+    # the other requests' prefills a decode step shared (level_figures.decode_prefills)
+    "prefills_per_decode_step", "prefill_tokens_per_decode_step",
 }
 
 

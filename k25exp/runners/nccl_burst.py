@@ -25,6 +25,7 @@ from k25exp.stats import suppressed
 COLUMNS = [
     tables.Column("tokens", "{}", 8), tables.Column("bytes/step", "{}", 12),
     tables.Column("ops", "{}", 6), tables.Column("burst(ms)", "{:.3f}"),
+    tables.Column("wait(ms)", "{:.3f}"), tables.Column("transport(ms)", "{:.3f}", 14),
     tables.Column("queued(us)", "{:.2f}"), tables.Column("blk_mean(us)", "{:.2f}", 13),
     tables.Column("blk_p50(us)", "{:.2f}"), tables.Column("blk_p99(us)", "{:.2f}"),
     tables.Column("ar_ms/step", "{:.3f}"), tables.Column("ag_ms/step", "{:.3f}"),
@@ -78,11 +79,14 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         m.update({f"{op.replace('_', '')}_ms_per_step": v for op, v in p.step_ms_by_kind().items()})
         if p.graph_burst_ms is not None:
             m["graph_burst_ms"] = p.graph_burst_ms
+        if p.burst_transport_ms is not None:  # the burst split as the analyser splits the server's
+            m.update(burst_wait_ms=p.burst_wait_ms, burst_transport_ms=p.burst_transport_ms)
         if exp.reference_tpot_ms:
             m["decode_share"] = 100 * p.burst_ms / exp.reference_tpot_ms  # a share: percent
         rec.log_metrics(m)
         summary.update(m)
-        rows.append([p.label, p.nbytes, p.burst, p.burst_ms, p.queued_op_us, m.get("op_us_mean"),
+        rows.append([p.label, p.nbytes, p.burst, p.burst_ms, p.burst_wait_ms, p.burst_transport_ms,
+                     p.queued_op_us, m.get("op_us_mean"),
                      m.get("op_us_p50"), m.get("op_us_p99", suppressed(m, "op_us_p99")),
                      m.get("allreduce_ms_per_step"),
                      m.get("allgather_ms_per_step"), m.get("graph_burst_ms"), algbw, busbw,
@@ -100,6 +104,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     finish(out, COLUMNS, rows,
            f"nccl_burst: {len(ops)} ops per step ({'step collectives' if exp.ops_per_step is None else 'all-reduces'}), "
            f"{exp.dtype}, {world} ranks, {cfg.hardware.backend}, communicator {exp.communicator}; "
-           "ar/ag_ms/step = the step's all-reduces / all-gathers alone as a queued burst (median)",
+           "wait/transport = the burst split at each op's last arrival over the ranks (mean over "
+           "ranks; ops that return when done only, else -); ar/ag_ms/step = the step's "
+           "all-reduces / all-gathers alone as a queued burst (median)",
            spec, files, outcome)
     return summary

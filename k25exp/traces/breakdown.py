@@ -104,6 +104,9 @@ class RankBreakdown:
     analyse_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
     comm: CommCalls | None = None           # communication calls, for the cross-rank split
+    prefill_steps: int = 0                  # steps with a prefill (steps.StepSelection)
+    prefill_ns: int = 0
+    prefill_tokens: int = 0
     comm_split: RankSplit | None = None     # set by analyze() when the ranks could be matched
     steps_grown: int = 0                    # GPU: steps extended over a trailing collective
     gloo_ext: gloo.Extension | None = None  # CPU traces: collectives given their gloo worker's end
@@ -191,6 +194,9 @@ class RankBreakdown:
         gaps = between_steps_ns(self.steps)
         if gaps:  # median host gap between consecutive steps: outside every step's 100 %
             m["between_steps_ms"] = stats.median(gaps) / 1e6
+        if self.prefill_tokens:  # the window's prefill steps: their time per prompt token
+            m["prefill_steps"] = float(self.prefill_steps)
+            m["prefill_us_per_token"] = self.prefill_ns / self.prefill_tokens / 1e3
         m.update(self.comm_split_metrics())
         return m
 
@@ -345,14 +351,15 @@ def _attribute(cat_of: np.ndarray, s: np.ndarray, e: np.ndarray, n_cat: int, win
 
 
 def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
-                  label: str = "rank0", rank: int | None = None) -> RankBreakdown:
+                  label: str = "rank0", rank: int | None = None,
+                  min_batch: int | None = None) -> RankBreakdown:
     """The breakdown of one rank's trace (see the module docstring)."""
     t0 = time.perf_counter()
     device = trace.has_device_work()
     wanted = DEVICE_CATS if device else CPU_CATS
     codes = [i for i, c in enumerate(trace.cats) if c in wanted]
     mask = np.isin(trace.cat_id, codes)
-    sel = select_steps(trace, device, mask, max_steps)
+    sel = select_steps(trace, device, mask, max_steps, min_batch)
     warnings = list(sel.warnings) + _unrecognised_warning(trace, device)
     steps = sel.steps
 
@@ -407,7 +414,8 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         kernels=kernels, annotated_steps=sel.annotated, decode_steps=sel.decode,
         events_total=trace.events_total, events_kept=trace.n_events, bytes_read=trace.bytes_read,
         read_s=trace.read_s, analyse_s=time.perf_counter() - t0, warnings=warnings, comm=comm,
-        gloo_ext=gloo_ext, steps_grown=trailing,
+        gloo_ext=gloo_ext, steps_grown=trailing, prefill_steps=sel.prefill_steps,
+        prefill_ns=sel.prefill_ns, prefill_tokens=sel.prefill_tokens,
         collectives=pairs.attribution.counts() if device else None,
         device_events=_device_events(trace), unrecognised=dict(trace.unrecognised),
     )
@@ -494,7 +502,7 @@ def _gloo_spans(trace: Trace, rules: Rules, cat_index: dict[str, int]) -> gloo.W
 
 def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
             max_steps: int | None = None, rules: Rules | None = None,
-            chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Analysis:
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES, min_batch: int | None = None) -> Analysis:
     """Analyses one trace per rank. Ranks come from the trace's distributedInfo, else from
     `rank<N>` in the file name, else from the order of `paths`. With ≥ 2 ranks, splits
     their collective calls into wait and transport (k25exp.traces.comm_split; the traces
@@ -510,7 +518,7 @@ def analyze(paths: Sequence[Path | str], rules_path: Path | str | None = None,
         tr = read_trace(p, chunk_bytes=chunk_bytes, linked=collectives.linked(rules))
         rank = ranks.rank_of(tr)
         found.append(rank)
-        results.append(analyze_trace(tr, rules, max_steps, rank=rank))
+        results.append(analyze_trace(tr, rules, max_steps, rank=rank, min_batch=min_batch))
         results[-1].world_size = ranks.world_size_of(tr)
         del tr
     warnings: list[str] = []

@@ -92,6 +92,11 @@ class StepSelection:
     annotated: int              # vLLM step annotations seen (any kind)
     decode: int                 # of which pure decode
     warnings: list[str]
+    # steps with a context (prefill) request and its token count known: how many, their
+    # summed duration and context tokens (a prefill's cost per token, prefill_us_per_token)
+    prefill_steps: int = 0
+    prefill_ns: int = 0
+    prefill_tokens: int = 0
 
 
 def _merge_same_step(anns: list[Annotation]) -> list[Step]:
@@ -127,10 +132,13 @@ def _window(trace: Trace, work_mask) -> Step:
     return Step("window", int(s.min()), int(e.max()))
 
 
-def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = None
-                 ) -> StepSelection:
+def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = None,
+                 min_batch: int | None = None) -> StepSelection:
     """The windows to analyse: pure-decode steps (device-side annotations preferred on GPU
-    traces), else the whole window of work with a warning."""
+    traces), else the whole window of work with a warning. `min_batch`: only the decode
+    steps of at least that many requests (a profiled level's batch: the steps of its
+    requests' ramp-up and drain run fewer and cost less, and a mean over both is nobody's
+    step); the others are counted in a note, never silently."""
     warnings: list[str] = []
     by_cat: dict[str, list[Annotation]] = {"gpu_user_annotation": [], "user_annotation": []}
     annotated = 0
@@ -155,13 +163,17 @@ def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = 
         return StepSelection([_window(trace, work_mask)], "window", 0, 0, warnings)
     merged = _merge_same_step(chosen)
     annotated = len(merged)
+    prefill = [(st, i) for st in merged if (i := parse_step_name(st.name)) is not None
+               and i.context_requests > 0 and i.context_tokens]
+    pf = dict(prefill_steps=len(prefill), prefill_ns=sum(st.dur_ns for st, _ in prefill),
+              prefill_tokens=sum(i.context_tokens for _, i in prefill))
     for a, b in zip(merged, merged[1:]):
         a.limit_ns = b.start_ns
     decode = [s for s in merged if parse_step_name(s.name).pure_decode]  # type: ignore[union-attr]
     if not decode:
         warnings.append(f"{annotated} vLLM step annotations but none is a pure decode step "
                         "(context 0, generation > 0): analysing the whole window as one step")
-        return StepSelection([_window(trace, work_mask)], "window", annotated, 0, warnings)
+        return StepSelection([_window(trace, work_mask)], "window", annotated, 0, warnings, **pf)
     n_decode = len(decode)
     # Steps run one after another; device-side copies may touch or overlap by a few ns.
     # Keep windows disjoint so no instant counts twice.
@@ -176,7 +188,16 @@ def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = 
     if not decode:
         warnings.append("every pure decode step annotation has zero length: analysing the "
                         "whole window as one step")
-        return StepSelection([_window(trace, work_mask)], "window", annotated, n_decode, warnings)
+        return StepSelection([_window(trace, work_mask)], "window", annotated, n_decode, warnings, **pf)
+    if min_batch is not None and min_batch > 1:
+        big = [st for st in decode if parse_step_name(st.name).generation_requests >= min_batch]  # type: ignore[union-attr]
+        if not big:
+            warnings.append(f"no decode step ran ≥ {min_batch} requests (the level's batch): "
+                            f"analysing all {len(decode)} of them")
+        elif len(big) < len(decode):
+            warnings.append(f"{len(decode) - len(big)} of {len(decode)} decode steps ran fewer "
+                            f"than {min_batch} requests (ramp-up and drain of the level): left out")
+            decode = big
     if max_steps is not None and max_steps > 0:
         decode = decode[:max_steps]
-    return StepSelection(decode, source, annotated, n_decode, warnings)
+    return StepSelection(decode, source, annotated, n_decode, warnings, **pf)

@@ -63,3 +63,28 @@ def test_graph_op_time_is_the_graph_burst_over_its_length():
     p = PointResult(index=0, label=1, nbytes=8, numel=4, burst=4, queued_s=[1.0], graph_s=[0.2, 0.4, 0.3])
     assert p.graph_burst_ms == pytest.approx(300.0) and p.graph_op_us == pytest.approx(0.3 / 4 * 1e6)
     assert PointResult(index=0, label=1, nbytes=8, numel=4, burst=4, queued_s=[1.0]).graph_op_us is None  # no CUDA
+
+
+def test_a_burst_of_ops_that_return_when_done_splits_at_each_ops_last_arrival(tmp_path):
+    """Two ranks, one burst of two ops, marks in ns on one host's clock, worked out by hand:
+    op 0: rank 0 [0, 10], rank 1 [4, 12]: last arrival 4; waits 4 + 0, transports 6 + 8.
+    op 1: rank 0 [10, 30], rank 1 [15, 28]: last arrival 15; waits 5 + 0, transports 15 + 13.
+    Mean over the 2 ranks: wait (4 + 5) / 2 = 4.5 ns, transport (14 + 28) / 2 = 21 ns."""
+    env = [{"kind": "env", "rank": r, "world_size": 2, "host": "h"} for r in (0, 1)]
+    marks = {0: [[[0, 10], [10, 30]]], 1: [[[4, 12], [15, 28]]]}
+    for r in (0, 1):
+        _write(tmp_path / f"rank{r}.jsonl",
+               [env[r], {**_point(r, 0, [30e-9], []), "queued_marks_ns": marks[r]}])
+    (p,) = read_rank_files(tmp_path).points
+    assert p.queued_split_s == [pytest.approx((4.5e-9, 21e-9))]
+    assert p.burst_wait_ms == pytest.approx(4.5e-6) and p.burst_transport_ms == pytest.approx(21e-6)
+
+
+def test_marks_of_ranks_on_two_hosts_are_not_compared(tmp_path):
+    """Two hosts' clocks do not agree: no split, the whole burst stays the figure."""
+    for r in (0, 1):
+        _write(tmp_path / f"rank{r}.jsonl",
+               [{"kind": "env", "rank": r, "world_size": 2, "host": f"h{r}"},
+                {**_point(r, 0, [1.0], []), "queued_marks_ns": [[[0, 10]]]}])
+    (p,) = read_rank_files(tmp_path).points
+    assert p.queued_split_s is None and p.burst_transport_ms is None and p.burst_ms == 1000.0

@@ -14,7 +14,7 @@ import pytest
 
 from k25exp.serving import server_metrics
 from k25exp.load.client import CompletionClient, finish, run_level
-from k25exp.load.level_figures import level_figures, saturation, tpot_gap_pct
+from k25exp.load.level_figures import decode_prefills, level_figures, saturation, tpot_gap_pct
 from tests.serving.stub_server import StubThread
 
 
@@ -64,6 +64,20 @@ def test_closed_loop_level_counts_errors_and_keeps_every_record(stub):
     assert (f["requests"], f["completed"], f["errors"], f["malformed_chunks"]) == (6, 4, 2, 1)
     assert f["output_tokens"] == 24 and f["output_tok_s"] == pytest.approx(24 / res["wall_s"])
     assert f["output_tokens_mismatch"] == 0  # (valid is moot: the stub shares this process)
+
+
+def test_prefills_a_decode_step_shares_are_counted_from_the_send_clock():
+    """A decodes from 0.1 to 1.0 s (9 steps); B's prefill ends (its first token) at 0.5 s,
+    inside A's decode; C's at 1.05 s, after A's last token; B (0.5-0.9 s, 4 steps) and C
+    (1.05-2.15 s, 2 steps) see none. 1 prefill of 50 prompt tokens over 9 + 4 + 2 steps."""
+    rec = lambda sent, ttft, e2e, out, prompt: {"ok": True, "sent_s": sent, "ttft_s": ttft,
+                                                "e2e_s": e2e, "output_tokens": out,
+                                                "prompt_tokens": prompt}
+    recs = [rec(0.0, 0.1, 1.0, 10, 100), rec(0.3, 0.2, 0.6, 5, 50), rec(0.95, 0.1, 1.2, 3, 20)]
+    f = decode_prefills(recs)
+    assert f["prefills_per_decode_step"] == pytest.approx(1 / 15)
+    assert f["prefill_tokens_per_decode_step"] == pytest.approx(50 / 15)
+    assert decode_prefills([rec(0.0, 0.1, 0.1, 1, 9)]) == {}  # one token: no decode step
 
 
 def test_figures_follow_vllm_definitions():

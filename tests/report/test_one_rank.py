@@ -44,7 +44,9 @@ def one_rank_campaign(instream=True):
     communication or wait metric (the trace has no collective to split)."""
     macro = run("macro", 11, ONE, {"single_stream_tpot_ms": 6.0, "single_stream_valid": 1.0},
                 steps={"server_tpot_ms_mean": {1: 6.0, 8: 6.5, 32: 9.0, 128: 18.0, 256: 33.0},
-                       "tpot_ms_p50": {1: 6.1, 8: 6.6, 32: 9.2, 128: 18.1, 256: 33.2}})
+                       "tpot_ms_p50": {1: 6.1, 8: 6.6, 32: 9.2, 128: 18.1, 256: 33.2},
+                       # no prefill shared by any step (test_reconcile prices that part)
+                       "prefill_tokens_per_decode_step": {k: 0.0 for k in (1, 8, 32, 128, 256)}})
     profiles = [run("profile", 12 + i, {**ONE, "experiment.concurrency": str(k)},
                     {"decode_step_ms": step, "between_steps_ms": gap, **SHARES})
                 for i, (k, step, gap) in enumerate([(1, 5.0, 0.3), (32, 8.0, 0.5)])]

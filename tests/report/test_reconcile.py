@@ -41,15 +41,18 @@ def campaign():
                             "experiment.graph": "False"}, steps=gemm_steps)
     # the engine's TPOT (server mean) is the reference; the client's p50 carries stalls
     macro = run("macro", 11, steps={"server_tpot_ms_mean": {1: 10.0, 2: 11.0, 4: 12.0, 8: 16.0},
-                                    "tpot_ms_p50": {1: 30.0, 2: 3.0, 4: 12.5, 8: 16.5}})
+                                    "tpot_ms_p50": {1: 30.0, 2: 3.0, 4: 12.5, 8: 16.5},
+                                    # prompt tokens prefilled inside a decode step, per step
+                                    "prefill_tokens_per_decode_step": {1: 0.0, 2: 4.0, 4: 12.0,
+                                                                       8: 28.0}})
     profiles = [run("profile", 12 + i, {"experiment.concurrency": str(k)},
                     {"decode_step_ms": step, "share_comm_allreduce": 20.0, "share_comm_allgather": 2.0,
                      "share_gemm_dense": 10.0, "share_moe": 10.0, "share_attention": 30.0,
                      "share_norm_activation": 5.0, "share_memory": 1.0, "share_other": 2.0,
                      "share_idle": 20.0, "comm_transport_ms_per_step": 0.5,
                      "comm_wait_ms_per_step": 1.7, "comm_raw_ms_per_step": 2.2,
-                     "between_steps_ms": 0.4})
-                for i, (k, step) in enumerate([(1, 12.0), (4, 16.0)])]
+                     "between_steps_ms": 0.4, "prefill_us_per_token": pf})
+                for i, (k, step, pf) in enumerate([(1, 12.0, 20.0), (4, 16.0, 10.0)])]
     return Campaign("c1", "uri", bursts + [gemm, macro] + profiles)
 
 
@@ -193,17 +196,21 @@ def test_tpot_is_predicted_at_every_macro_level():
     pred1 = 1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1
     assert out[1]["tpot_pred_ms"] == pytest.approx(pred1)
     assert out[1]["tpot_pred_err_pct"] == pytest.approx((pred1 - 10.0) / 10.0 * 100)
+    # + the prefills a step shares: at c = 2, 4 tokens × (20 µs + (10 − 20) / 3, linear in c
+    # between the profiles at 1 and 4); at 4, 12 × 10 µs; at 8, 28 × 10 µs (held at c = 4)
     f = 2 ** (1 / 3)  # c = 2 between tokens 1 and 8 (log-log); uncovered linear between c 1 and 4
-    pred2 = 1.0 * f + 21 * 10.0 * f / 1e3 + 2 * 50.0 * f / 1e3 + unc1 + (unc4 - unc1) / 3
+    pred2 = (1.0 * f + 21 * 10.0 * f / 1e3 + 2 * 50.0 * f / 1e3 + unc1 + (unc4 - unc1) / 3
+             + 4 * (20.0 - 10.0 / 3) / 1e3)
     assert out[2]["tpot_pred_ms"] == pytest.approx(pred2)
     # c = 8: the micro points end at 8; the uncovered parts are held at c = 4, and said so
-    pred8 = 2.0 + 21 * 20.0 / 1e3 + 2 * 100.0 / 1e3 + unc4
+    pred8 = 2.0 + 21 * 20.0 / 1e3 + 2 * 100.0 / 1e3 + unc4 + 28 * 10.0 / 1e3
     assert out[8]["tpot_pred_ms"] == pytest.approx(pred8)
     rows = {r[0]: r for r in sec.tables[0].rows}
     assert "held at c=4" in rows[8][-1]
+    assert rows[1][8] == 0.0 and rows[8][8] == pytest.approx(0.28)  # the prefills column, ms
     # c = 4: micro log-log between tokens 1 and 8 (× 4^(1/3) … = 2^(2/3)); uncovered at c = 4
     g = 2 ** (2 / 3)
-    pred4 = 1.0 * g + 21 * 10.0 * g / 1e3 + 2 * 50.0 * g / 1e3 + unc4
+    pred4 = 1.0 * g + 21 * 10.0 * g / 1e3 + 2 * 50.0 * g / 1e3 + unc4 + 12 * 10.0 / 1e3
     assert out[4]["tpot_pred_ms"] == pytest.approx(pred4)
     # the worst level by |error|, over the engine's TPOT 10, 11, 12, 16 ms at c = 1, 2, 4, 8
     errs = {1: (pred1 - 10.0) / 10.0 * 100, 2: (pred2 - 11.0) / 11.0 * 100,
@@ -227,10 +234,45 @@ def test_a_level_missing_an_uncovered_part_gets_no_prediction(part, metric):
     # taken from c = 4, where it is missing: nothing predicted, and the note names it
     assert sorted(out) == [1]
     for level in (2, 4, 8):
-        assert rows[level][3] is None and rows[level][8] is None  # predicted, error %
+        assert rows[level][3] is None and rows[level][9] is None  # predicted, error %
         assert f"missing: {part}" in rows[level][-1]
     unc1 = 0.58 * 12.0 + 1.7 + 0.4
     assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
+
+
+def test_prefills_shared_need_the_macros_count_and_a_profiles_cost():
+    """Without the macro's count (a run older than the figure) no level but none is
+    predicted; without any profile's prefill cost, only c = 1 (no other request) is."""
+    c = campaign()
+    macro = next(r for r in c.runs if r.phase == "macro")
+    del macro.steps["prefill_tokens_per_decode_step"]
+    _, per_c = reconcile.reconcile(c)
+    sec, out = predict.predict(c, per_c)
+    assert out == {} and all("prefill_tokens_per_decode_step" in r[-1] for r in sec.tables[0].rows)
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "profile":
+            del r.metrics["prefill_us_per_token"]
+    _, per_c = reconcile.reconcile(c)
+    sec, out = predict.predict(c, per_c)
+    assert sorted(out) == [1]
+    assert "no profile of this campaign timed a prefill step" in {r[0]: r for r in sec.tables[0].rows}[4][-1]
+
+
+def test_a_burst_split_at_each_ops_last_arrival_is_budgeted_with_its_transport():
+    """vLLM's CPU ops return when done: the burst's transport (its wait left out, the
+    profile's wait is a part of its own) is the collectives' figure, interpolated as the
+    whole burst was (log-log in tokens): 0.6 ms at 1 token, 1.2 at 8."""
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "nccl_burst":
+            r.metrics["burst_transport_ms"] = r.metrics["burst_ms"] * 0.6
+            r.metrics["burst_wait_ms"] = r.metrics["burst_ms"] * 0.3
+    _, per_c = reconcile.reconcile(c)
+    _, out = predict.predict(c, per_c)
+    unc1 = 0.58 * 12.0 + 1.7 + 0.4
+    assert out[1]["tpot_pred_ms"] == pytest.approx(0.6 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
+    assert per_c[1]["comm_burst_ms"] == pytest.approx(0.6)
 
 
 def test_a_server_running_cuda_graphs_is_budgeted_with_the_graph_replay():

@@ -161,6 +161,22 @@ def test_step_collectives_through_vllms_own_communicator(campaign_full):
     assert points[0]["sequence_ops"] == ["all_reduce"] * 7 + ["all_gather"]
     ar = median([max(a, b) for a, b in zip(*(r["queued_kind_s"]["all_reduce"] for r in points))])
     assert m["allreduce_ms_per_step"] == pytest.approx(ar * 1e3)
+    # each burst split at each op's last arrival, by hand from the two ranks' marks
+    assert "wait and transport" in tags["timing.queued"]
+    r0, r1 = sorted(points, key=lambda r: r["rank"])
+    waits, transports = [], []
+    for b0, b1 in zip(r0["queued_marks_ns"], r1["queued_marks_ns"]):
+        assert len(b0) == len(b1) == 8  # every op of the step, on both ranks
+        w = t = 0
+        for (s0, e0), (s1, e1) in zip(b0, b1):
+            last = max(s0, s1)
+            w += (last - s0) + (last - s1)
+            t += (e0 - last) + (e1 - last)
+        waits.append(w / 2 / 1e6)
+        transports.append(t / 2 / 1e6)
+    assert m["burst_wait_ms"] == pytest.approx(median(waits))
+    assert m["burst_transport_ms"] == pytest.approx(median(transports))
+    assert 0 < m["burst_transport_ms"] <= m["burst_ms"]
     rows = list(csv.DictReader(open(out / "step_collectives.csv")))
     assert [r["name"] for r in rows][::7] == ["embedding", "logits"] and rows[-1]["bytes(S)"] == "8192"
 

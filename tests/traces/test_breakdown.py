@@ -96,6 +96,22 @@ def test_prefill_steps_are_left_out(tmp_path):
     _, r = _one(tmp_path, events)
     assert (r.annotated_steps, r.decode_steps, r.steps_analysed) == (2, 1, 1)
     _close(r.shares(), {"comm_allreduce": 50, IDLE: 50})
+    # ... but counted: one prefill step of 100 µs over PREFILL's 8 context tokens = 12.5 µs each
+    m = r.metrics()
+    assert m["prefill_steps"] == 1 and m["prefill_us_per_token"] == pytest.approx(100 / 8)
+
+
+def test_prefill_cost_per_token_sums_every_prefill_step(tmp_path):
+    """Two prefill steps (60 µs for 12 tokens, 40 µs for 4 tokens with 2 decoding beside):
+    (60 + 40) / (12 + 4) = 6.25 µs per context token; a window without one has no figure."""
+    events = [step("execute_context_2(12)_generation_0(0)", 0, 60, device=True, ext=1),
+              step("execute_context_1(4)_generation_2(2)", 60, 40, device=True, ext=2),
+              step(DECODE, 100, 50, device=True, ext=3), ev(GEMM, 0, 150)]
+    _, r = _one(tmp_path, events)
+    m = r.metrics()
+    assert m["prefill_steps"] == 2 and m["prefill_us_per_token"] == pytest.approx(6.25)
+    _, r = _one(tmp_path, [step(DECODE, 0, 50, device=True, ext=1), ev(GEMM, 0, 50)], name="d.json")
+    assert "prefill_us_per_token" not in r.metrics()
 
 
 def test_without_annotations_the_whole_window_with_a_warning(tmp_path):

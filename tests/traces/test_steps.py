@@ -35,10 +35,10 @@ def test_not_a_step(name):
     assert parse_step_name(name) is None
 
 
-def _select(tmp_path, events, device=True, max_steps=None):
+def _select(tmp_path, events, device=True, max_steps=None, min_batch=None):
     t = read_trace(write_trace(tmp_path / "t.json", events))
     work = np.isin(t.cat_id, [0, 1, 2]) if device else t.cat_id == 3
-    return t, select_steps(t, device, work, max_steps)
+    return t, select_steps(t, device, work, max_steps, min_batch)
 
 
 def test_device_annotations_preferred_and_merged_per_step(tmp_path):
@@ -110,3 +110,19 @@ def test_host_time_between_consecutive_steps():
              Step("e", 920, 1020)]
     assert between_steps_ns(steps) == [10, 20]
     assert between_steps_ns(steps[:1]) == []
+
+
+def test_a_levels_batch_leaves_out_its_ramp_up_and_drain(tmp_path):
+    """Two steps of 2 requests (the ramp-up), three of 32, one of 30 (drain within 10 %), one
+    of 8 (the drain): with min_batch 29 the four steps of ≥ 29 requests stay, the three
+    others are counted in a warning; a batch no step reached leaves every step in."""
+    gens = [2, 2, 32, 32, 32, 30, 8]
+    ev_ = [ev("k", 0, 1000)] + [step(f"execute_context_0(0)_generation_{g}({g})", 10 * i, 10)
+                                 for i, g in enumerate(gens)]
+    _, sel = _select(tmp_path, ev_, device=False, max_steps=None, min_batch=29)
+    assert [s.start_ns for s in sel.steps] == [20_000, 30_000, 40_000, 50_000]
+    assert sel.decode == 7 and any("3 of 7 decode steps ran fewer than 29" in w for w in sel.warnings)
+    _, sel = _select(tmp_path, ev_, device=False, max_steps=None, min_batch=64)
+    assert len(sel.steps) == 7 and any("no decode step ran ≥ 64" in w for w in sel.warnings)
+    _, sel = _select(tmp_path, ev_, device=False, max_steps=None)
+    assert len(sel.steps) == 7 and not any("decode step" in w for w in sel.warnings)
