@@ -61,6 +61,9 @@ class PointResult:
     queued_kind_s: dict = field(default_factory=dict)  # a sequence's ops of one kind, bursts
     # per burst, Σ over the ops of (wait, transport) in s, mean over ranks (module docstring)
     queued_split_s: Optional[list[tuple[float, float]]] = None
+    # CPU ranks: per thread name, [CPU µs, run-queue wait µs] per op timed in the queued
+    # bursts, mean over ranks (worker.thread_sched; barriers included)
+    sched_us_per_op: dict = field(default_factory=dict)
 
     def bus_bytes(self, world: int, op: str = "all_reduce") -> float:
         """Bytes that count for bus bandwidth: each op of a sequence with its own kind's
@@ -175,6 +178,20 @@ def split_bursts(marks: Sequence[Sequence[Sequence[Sequence[int]]]]
     return out
 
 
+def sched_per_op(rs: Sequence[dict]) -> dict[str, list[float]]:
+    """Per thread name, [CPU, run-queue wait] in µs per op of the queued bursts, mean over the
+    ranks that have the thread; {} unless every rank recorded its threads."""
+    if not rs or not all("queued_sched" in r and r.get("queued_sched_ops") for r in rs):
+        return {}
+    names = sorted({n for r in rs for n in r["queued_sched"]})
+    out = {}
+    for n in names:
+        have = [r for r in rs if n in r["queued_sched"]]
+        out[n] = [sum(r["queued_sched"][n][i] / r["queued_sched_ops"] for r in have) / len(have) / 1e3
+                  for i in (0, 1)]
+    return out
+
+
 def read_rank_files(raw_dir: Path) -> RankFiles:
     """Every rank's records: rank 0's gathered copy when there is one (it is the only
     complete copy on several nodes), else the per-rank files; faults from the rank files."""
@@ -214,6 +231,7 @@ def read_rank_files(raw_dir: Path) -> RankFiles:
                            for k in first.get("queued_kind_s", {})},
             queued_split_s=split_bursts([r["queued_marks_ns"] for r in rs])
             if one_host and all("queued_marks_ns" in r for r in rs) else None,
+            sched_us_per_op=sched_per_op(rs),
         ))
     faults = [r for r in recs if r["kind"] == "fault"]
     return RankFiles(world, env, points, faults, incomplete)

@@ -132,6 +132,29 @@ def time_queued(ops: list[Collective], device: torch.device, marks: Optional[lis
     return (time.perf_counter_ns() - t0) / 1e9
 
 
+def thread_sched() -> dict[str, list[int]]:
+    """This process's threads by name (Linux schedstat): [CPU ns, run-queue wait ns, time
+    slices], summed over the threads of one name; {} where /proc has no schedstat. On a rank
+    pinned to one core (as the server's are), gloo's event loop, its workers and the caller
+    share that core, and a thread woken while another runs waits in the run queue."""
+    out: dict[str, list[int]] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            name = Path(f"/proc/self/task/{t}/comm").read_text().strip()
+            run, wait, slices = map(int, Path(f"/proc/self/task/{t}/schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue  # a thread gone meanwhile, or no schedstat in this kernel
+        acc = out.setdefault(name, [0, 0, 0])
+        acc[0] += run
+        acc[1] += wait
+        acc[2] += slices
+    return out
+
+
 def time_blocking(c: Collective, device: torch.device) -> float:
     _barrier(device)
     t0 = time.perf_counter_ns()
@@ -220,6 +243,7 @@ def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device:
         rec["wrong_all_ranks"] = int(total_wrong.item())
     for _ in range(spec.warmup):
         time_queued(ops, device)
+    before = thread_sched() if device.type == "cpu" else {}
     if p.sequence and device.type == "cpu" and getattr(comm, "synchronous", False):
         # per-op arrival and end on the host clock every local rank shares (CLOCK_MONOTONIC)
         rec["queued_s"], rec["queued_marks_ns"] = [], []
@@ -229,6 +253,11 @@ def measure_point(spec: CollectiveSpec, p: Point, rank: int, world: int, device:
             rec["queued_marks_ns"].append(marks)
     else:
         rec["queued_s"] = [time_queued(ops, device) for _ in range(p.reps)]
+    if before:  # where the timed bursts' CPU went, per thread name (barriers included)
+        after = thread_sched()
+        rec["queued_sched"] = {k: [a - b for a, b in zip(v, before.get(k, [0, 0, 0]))]
+                               for k, v in after.items()}
+        rec["queued_sched_ops"] = p.reps * len(ops)
     if p.sequence:  # each kind's ops of the step alone, as a burst: the step's time per kind
         kinds = dict.fromkeys(c.op for c in ops)
         rec["queued_kind_s"] = {k: [time_queued([c for c in ops if c.op == k], device)

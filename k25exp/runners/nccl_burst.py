@@ -10,6 +10,8 @@ with each op's blocking latency), results.txt/.csv.
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 from k25exp import plots, tables
@@ -81,6 +83,11 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             m["graph_burst_ms"] = p.graph_burst_ms
         if p.burst_transport_ms is not None:  # the burst split as the analyser splits the server's
             m.update(burst_wait_ms=p.burst_wait_ms, burst_transport_ms=p.burst_transport_ms)
+        for name, (cpu, runq) in p.sched_us_per_op.items():  # where a CPU rank's time went
+            if cpu + runq >= 1.0:  # threads that did something per op (≥ 1 µs)
+                key = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+                m[f"sched.{key}.cpu_us_per_op"] = cpu
+                m[f"sched.{key}.runq_us_per_op"] = runq
         if exp.reference_tpot_ms:
             m["decode_share"] = 100 * p.burst_ms / exp.reference_tpot_ms  # a share: percent
         rec.log_metrics(m)
@@ -101,6 +108,14 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             plots.histogram(out / "plots" / "op_latency_hist.png", [s * 1e6 for s in p.blocking_s],
                             f"step collectives, {world} ranks, blocking, each op",
                             {k: m[f"op_us_{k}"] for k in ("p50", "p99") if f"op_us_{k}" in m})
+    sched = [f"{n} {c:.0f}/{w:.0f}" for p in files.points[:1]
+             for n, (c, w) in sorted(p.sched_us_per_op.items(), key=lambda kv: -kv[1][0])
+             if c + w >= 1.0]
+    if sched:  # why a CPU burst takes what it takes: the threads sharing each rank's cores
+        line = ("per op of the queued bursts, each thread's CPU / run-queue wait (µs, mean over "
+                "ranks): " + ", ".join(sched))
+        rec.set_tags({"sched.per_op": line[:5000]})
+        print(f"# {line}")
     finish(out, COLUMNS, rows,
            f"nccl_burst: {len(ops)} ops per step ({'step collectives' if exp.ops_per_step is None else 'all-reduces'}), "
            f"{exp.dtype}, {world} ranks, {cfg.hardware.backend}, communicator {exp.communicator}; "

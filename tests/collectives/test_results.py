@@ -88,3 +88,17 @@ def test_marks_of_ranks_on_two_hosts_are_not_compared(tmp_path):
                 {**_point(r, 0, [1.0], []), "queued_marks_ns": [[[0, 10]]]}])
     (p,) = read_rank_files(tmp_path).points
     assert p.queued_split_s is None and p.burst_transport_ms is None and p.burst_ms == 1000.0
+
+
+def test_thread_time_per_op_is_the_mean_over_ranks(tmp_path):
+    """Rank 0: its loop thread 4,000 ns CPU and 2,000 ns waiting over 2 ops; rank 1: 8,000 and
+    0. Per op, mean over ranks: CPU (2 + 4) / 2 = 3 µs, wait (1 + 0) / 2 = 0.5 µs. A thread
+    only rank 1 has is averaged over rank 1 alone."""
+    scheds = {0: {"loop": [4000, 2000, 5]}, 1: {"loop": [8000, 0, 3], "extra": [2000, 2000, 1]}}
+    for r in (0, 1):
+        _write(tmp_path / f"rank{r}.jsonl",
+               [{"kind": "env", "rank": r, "world_size": 2},
+                {**_point(r, 0, [1.0], []), "queued_sched": scheds[r], "queued_sched_ops": 2}])
+    (p,) = read_rank_files(tmp_path).points
+    assert p.sched_us_per_op["loop"] == [pytest.approx(3.0), pytest.approx(0.5)]
+    assert p.sched_us_per_op["extra"] == [pytest.approx(1.0), pytest.approx(1.0)]

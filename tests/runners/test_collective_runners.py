@@ -177,6 +177,18 @@ def test_step_collectives_through_vllms_own_communicator(campaign_full):
     assert m["burst_wait_ms"] == pytest.approx(median(waits))
     assert m["burst_transport_ms"] == pytest.approx(median(transports))
     assert 0 < m["burst_transport_ms"] <= m["burst_ms"]
+    # where each rank's time went: per thread name, CPU and run-queue wait per op of the
+    # queued bursts (Linux schedstat), mean over the ranks, by hand from the raw records
+    sched = {k: v for k, v in m.items() if k.startswith("sched.")}
+    assert sched and "per op of the queued bursts" in tags["sched.per_op"]
+    for r in (r0, r1):
+        assert r["queued_sched_ops"] == len(r["queued_s"]) * 8
+    for key, v in sched.items():
+        name, what = key[len("sched."):].rsplit(".", 1)
+        i = 0 if what == "cpu_us_per_op" else 1
+        have = [r for r in (r0, r1) if name in r["queued_sched"]]  # names are [A-Za-z0-9_.-]
+        want = sum(r["queued_sched"][name][i] / r["queued_sched_ops"] for r in have) / len(have) / 1e3
+        assert v == pytest.approx(want) and v >= 0
     rows = list(csv.DictReader(open(out / "step_collectives.csv")))
     assert [r["name"] for r in rows][::7] == ["embedding", "logits"] and rows[-1]["bytes(S)"] == "8192"
 
