@@ -52,9 +52,16 @@ def test_full_disk_store_gives_a_clear_error_and_keeps_the_folder(tmp_path):
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     con.close()
 
-    # Space again: the run the job had opened is still RUNNING; recovery uploads its folder.
+    # Space again. Ending the run rewrites one row in place, which a full disk may still
+    # allow: then the job marked its run FAILED itself, and recovery leaves it alone.
     c, run = only_run(f"sqlite:///{db}")
-    assert run.info.status == "RUNNING"
+    assert run.info.status in ("RUNNING", "FAILED")
+    if run.info.status == "FAILED":
+        r = recover(f"sqlite:///{db}")
+        assert r.returncode == 0 and "1 recovered" not in r.stdout, r.stdout + r.stderr
+        assert c.get_run(run.info.run_id).info.status == "FAILED"
+        return
+    # ... else the run the job had opened is still RUNNING; recovery uploads its folder.
     r = recover(f"sqlite:///{db}")
     assert r.returncode == 0 and "1 recovered" in r.stdout, r.stdout + r.stderr
     run = c.get_run(run.info.run_id)

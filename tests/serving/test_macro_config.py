@@ -67,5 +67,6 @@ def test_endpoint_needs_a_base_url_and_a_tokenizer():
     assert c.server.kind == "endpoint" and c.server.api_key_env == "MY_KEY"
 
 
-def test_other_experiments_still_compose_with_the_server_group():
-    assert typed("experiment=nccl_burst").server.kind == "vllm"
+def test_only_the_experiments_that_drive_a_server_compose_the_server_group():
+    assert typed("experiment=nccl_burst").server is None
+    assert typed("experiment=macro").server.kind == "vllm"

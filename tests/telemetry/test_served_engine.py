@@ -124,11 +124,12 @@ def test_not_the_engine_when_it_is_not_the_endpoints(served, monkeypatch):
 
 
 def test_a_gemm_job_beside_an_endpoint_shares_the_gpu(served, monkeypatch):
-    # the server config is not what a GEMM job measures: the engine is then another tenant
+    # a GEMM job drives no server (no server group in its config): the engine beside it is
+    # another tenant of the GPU
     port, server, engine = served
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    cfg = to_typed(compose_cfg("experiment=gemm", "hardware=h200_x1", "server=endpoint",
-                               f"server.base_url=http://127.0.0.1:{port}"), gpu_count=lambda: 1)
+    cfg = to_typed(compose_cfg("experiment=gemm", "hardware=h200_x1"), gpu_count=lambda: 1)
+    assert cfg.server is None
     rep = sample(cfg, [(engine, 90 * GIB)])
     assert rep.metrics["telemetry.gpu_shared"] == 1
 
