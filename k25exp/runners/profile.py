@@ -89,7 +89,7 @@ def level_batch(exp: ProfileConfig | TraceBreakdownConfig) -> int | None:
     """The smallest decode batch that is the profiled level's: its concurrency less 10 %
     (requests of one level end a step or two apart). Steps below it, the ramp-up while the
     client sends the level's requests and the drain as they finish, are left out of the
-    breakdown: at c = 256 on one H200, 11 of 39 steps ran 2 requests (7.3 ms, against 37.6 ms
+    breakdown: at c = 256 on one H200, 8 of 39 steps ran 2 requests (7.8 ms, against 37.6 ms
     at 256) and their mean made the level's step 31.5 ms. None: a trace of someone else's."""
     c = getattr(exp, "concurrency", None)
     return max(1, int(c * 0.9)) if c else None
