@@ -51,6 +51,9 @@ class VllmComm:
     """vLLM's TP group over all ranks of this torchrun (TP = world size)."""
 
     name = "vllm"
+    # On CPU an op returns when it is done (shm or gloo, waited inside vLLM), so its host start
+    # and end bound it; on CUDA they bound only the launch (the worker asks for a CPU device).
+    synchronous = True
 
     def __init__(self, rank: int, world: int, local_rank: int, backend: str):
         # vLLM's CPU worker names its shared-memory segment after VLLM_DIST_IDENT; every rank
@@ -70,9 +73,6 @@ class VllmComm:
             init_distributed_environment(world, rank, "env://", local_rank, backend)
             initialize_model_parallel(tensor_model_parallel_size=world)
         self.tp = get_tp_group()
-        # On CPU an op returns when it is done (shm or gloo, waited inside vLLM), so its host
-        # start and end bound it; on CUDA they bound only the launch.
-        self.synchronous = True
 
     def run(self, op: str, send: torch.Tensor, recv: Optional[torch.Tensor], async_op: bool):
         # vLLM's ops are synchronous on the host (CPU) or stream-ordered (CUDA): no handles.
