@@ -6,7 +6,9 @@ or one a crash left half-migrated, that makes things worse ("duplicate column na
 "table _alembic_tmp_params already exists"); on a store written by a newer MLflow it fails
 with advice to *upgrade*. So k25exp reads the schema first (read-only, under the store lock)
 and lets MLflow open only a fresh file or a store at exactly this MLflow's schema revision;
-anything else is refused with what to do, and never written to.
+anything else is refused with what to do, and never written to. The one exception is a
+journal that a writer killed mid-transaction left: SQLite's rollback of it (what any read-write
+open does) is let happen, since a read-only open refuses it and the store would stay refused.
 """
 
 from __future__ import annotations
@@ -39,6 +41,26 @@ def _expected_tables() -> frozenset:
     return frozenset(Base.metadata.tables)
 
 
+def _read_schema(db: Path, mode: str) -> tuple[set, list]:
+    con = sqlite3.connect(f"file:{db}?mode={mode}", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        rev = (con.execute("SELECT version_num FROM alembic_version").fetchall()
+               if "alembic_version" in tables else [])
+    finally:
+        con.close()
+    return tables, rev
+
+
+def _hot_journal(e: sqlite3.OperationalError, db: Path) -> bool:
+    """The read-only open refused to roll back a journal an interrupted writer left."""
+    name = getattr(e, "sqlite_errorname", "")  # Python >= 3.11
+    if name:
+        return name == "SQLITE_READONLY_ROLLBACK"
+    journal = db.with_name(db.name + "-journal")
+    return "readonly" in str(e) and journal.exists() and journal.stat().st_size > 0
+
+
 def check_store(db: Path) -> str:
     """'fresh' (MLflow may create the schema) or 'current'; raises StoreRefused otherwise."""
     if not db.exists() or db.stat().st_size == 0:
@@ -47,13 +69,15 @@ def check_store(db: Path) -> str:
 
     uri = f"sqlite:///{db}"
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            rev = (con.execute("SELECT version_num FROM alembic_version").fetchall()
-                   if "alembic_version" in tables else [])
-        finally:
-            con.close()
+            tables, rev = _read_schema(db, "ro")
+        except sqlite3.OperationalError as e:
+            if not _hot_journal(e, db):
+                raise
+            # A writer killed mid-transaction (SIGKILL, power loss) left a hot journal: SQLite
+            # rolls it back on the next read-write open, which a read-only one may not do. That
+            # rollback is SQLite's own recovery, the same MLflow's next open would run.
+            tables, rev = _read_schema(db, "rw")
     except sqlite3.DatabaseError as e:
         raise StoreRefused(f"tracking.uri={uri}: not a readable SQLite database ({e}); point "
                            "tracking.uri at another file, or restore this one from a backup") from None

@@ -108,3 +108,36 @@ def test_the_lock_is_reentrant_within_a_process(store_db):
         run.log_metrics({"a": 1.0})
         run.end("FINISHED")
     assert store.client.get_run(run.run_id).info.status == "FINISHED"
+
+
+def test_a_store_left_by_a_writer_killed_mid_transaction_is_rolled_back_and_used(store_db):
+    """SIGKILL during a write leaves a hot journal; a read-only probe can't roll it back
+    (SQLITE_READONLY_ROLLBACK), so the store must not be refused for it."""
+    import subprocess
+    import sys
+
+    _sql(store_db, "INSERT INTO experiments (name, lifecycle_stage) VALUES ('kept', 'active')")
+    # A transaction big enough to spill past a 5-page cache writes the db file itself, then the
+    # writer dies without committing or rolling back: what `kill -9` on a job leaves.
+    writer = ("import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+              "c.execute('PRAGMA cache_size=5'); c.execute('BEGIN'); "
+              "c.execute('CREATE TABLE filler (x)'); "
+              "c.executemany('INSERT INTO filler VALUES (?)', [('x' * 500,)] * 4000); "
+              "c.execute(\"UPDATE experiments SET name = 'lost' WHERE name = 'kept'\"); "
+              "os._exit(0)")
+    subprocess.run([sys.executable, "-c", writer, str(store_db)], check=True)
+    journal = store_db.with_name(store_db.name + "-journal")
+    assert journal.stat().st_size > 0
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # what check_store meets
+        sqlite3.connect(f"file:{store_db}?mode=ro", uri=True).execute(
+            "SELECT name FROM sqlite_master").fetchall()
+
+    assert check_store(store_db) == "current"
+    assert not journal.exists() or journal.stat().st_size == 0
+    con = sqlite3.connect(store_db)
+    names = {r[0] for r in con.execute("SELECT name FROM experiments")}
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    con.close()
+    assert "kept" in names and "lost" not in names and "filler" not in tables
+    store = MlflowStore(f"sqlite:///{store_db}")
+    assert store.client.get_experiment_by_name("kept") is not None
