@@ -27,6 +27,12 @@
                    k25exp.traces.comm_split); the difference burst − transport is in
                    percentage points. The profile's exposed share of its own (profiled) step
                    is shown too; gemm_share = 100 × gemm_ms / tpot_ms
+    placement,     burst − transport in two named parts, where the batch-1 profile timed the
+    op pattern     same burst inside the server's own TP workers (server_burst_transport_ms,
+                   k25exp.serving.collective_probe): placement = burst − in-server burst (the
+                   ops in processes of their own vs in the server's, both back to back), op
+                   pattern = in-server burst − the profile's transport (back to back vs between
+                   the layers' work, as the step issues them); each in pp of the batch-1 TPOT
     the profile    the one at concurrency 1. Without one, the newest at another concurrency
                    gives the exposed share of its own step and the category table, both named
                    with its concurrency (and the tag report.budget_profile_concurrency); its
@@ -266,6 +272,38 @@ def _comm_shares(c: Campaign, comm: Optional[float], tpot: Optional[float],
                             f"profiled concurrency {k})", [profile]))
     else:
         figs.append(missing(M.COMM_SHARE_DIFF, "needs the burst, TPOT and the profile's transport"))
+    return figs + _placement_and_pattern(cs_burst, cs_tr, tpot, burst, macro, profile, batch1)
+
+
+def _placement_and_pattern(cs_burst: Optional[float], cs_tr: Optional[float],
+                           tpot: Optional[float], burst: Optional[RunView],
+                           macro: Optional[RunView], profile: Optional[RunView],
+                           batch1: Optional[RunView]) -> list[Figure]:
+    """burst − profile transport in two parts, by the same burst timed inside the server's
+    workers (the batch-1 profile's server_burst_transport_ms): placement = burst − in-server
+    burst (own processes vs the server's, same back-to-back ops), op pattern = in-server
+    burst − the step's own transport (ops back to back vs between the layers' work)."""
+    server = batch1.metrics.get("server_burst_transport_ms") if batch1 else None
+    why = ("no profile at concurrency 1" if profile and not batch1 else
+           f"profile run {profile.short} timed no in-server burst: "
+           f"{profile.tags.get('server_burst.skipped', 'no server_burst_transport_ms')}"
+           if profile else "needs a profile at concurrency 1")
+    cs_server = share(server, tpot)
+    if cs_server is None:
+        runs = [profile] if profile else []
+        return [missing(m, why if server is None else "needs the batch-1 TPOT", runs) for m in (M.COMM_SHARE_SERVER_BURST, M.COMM_DIFF_PLACEMENT, M.COMM_DIFF_PATTERN)]
+    n = batch1.metrics.get("server_burst_bursts", 0)
+    figs = [Figure(M.COMM_SHARE_SERVER_BURST, cs_server, [batch1, macro],
+                   f"{server:.3f} ms per step: the step's collectives in the server's own TP "
+                   f"workers, back to back, transport only, median of {n:.0f} bursts (the "
+                   "profile run's tag server_burst.timing says how)")]
+    figs.append(Figure(M.COMM_DIFF_PLACEMENT, cs_burst - cs_server, [burst, batch1, macro],
+                       "the same ops back to back in processes of their own vs in the server's")
+                if cs_burst is not None else missing(M.COMM_DIFF_PLACEMENT, "needs the burst"))
+    figs.append(Figure(M.COMM_DIFF_PATTERN, cs_server - cs_tr, [batch1, macro],
+                       "back to back vs issued between the layers' work, as the server's step "
+                       "does (both in the server's workers)")
+                if cs_tr is not None else missing(M.COMM_DIFF_PATTERN, "needs the profile's transport"))
     return figs
 
 
@@ -281,8 +319,10 @@ def _one_rank_shares(solo: RunView, tpot: Optional[float], macro: Optional[RunVi
                        unique_runs([profile or solo]),
                        f"exposed communication / profiled decode step, run {profile.short}"
                        if logged is not None else ONE_RANK))
-    figs.append(Figure(M.COMM_SHARE_DIFF, 0.0, runs, ONE_RANK) if tpot else
-                missing(M.COMM_SHARE_DIFF, "needs the batch-1 TPOT"))
+    for metric in (M.COMM_SHARE_DIFF, M.COMM_SHARE_SERVER_BURST, M.COMM_DIFF_PLACEMENT,
+                   M.COMM_DIFF_PATTERN):
+        figs.append(Figure(metric, 0.0, runs, ONE_RANK) if tpot else
+                    missing(metric, "needs the batch-1 TPOT"))
     return figs
 
 

@@ -30,6 +30,14 @@ COMM_SHARE_TRANSPORT = Metric("comm_share_profile_transport",
                               "communication share (profile transport / TPOT)", "%")
 COMM_SHARE_WAIT = Metric("comm_share_profile_wait", "communication share (profile wait / TPOT)", "%")
 COMM_SHARE_DIFF = Metric("comm_share_diff_pp", "difference (burst − profile transport)", "pp")
+# the same burst timed in the server's own workers (profile's server_burst_*) splits that
+# difference in two named parts: where the ops ran, and how the server's step issues them
+COMM_SHARE_SERVER_BURST = Metric("comm_share_server_burst",
+                                 "communication share (in-server burst transport / TPOT)", "%")
+COMM_DIFF_PLACEMENT = Metric("comm_diff_placement_pp",
+                             "of the difference: placement (burst − in-server burst)", "pp")
+COMM_DIFF_PATTERN = Metric("comm_diff_pattern_pp",
+                           "of the difference: op pattern (in-server burst − profile transport)", "pp")
 GEMM_SHARE = Metric("gemm_share", "GEMM share (GEMM / TPOT)", "%")
 # the step reconciled, TPOT predicted
 RECONCILED = Metric("reconciled_step_ms", "reconciled step", "ms")
@@ -53,7 +61,8 @@ SPEC_PROJECTION = Metric(None, "projection")
 SPEC_MEASURED_NONE = Metric(None, "measured speedup")
 
 FIGURES = (TPOT, COMM, GEMM, REST, COMM_SHARE_BURST, COMM_SHARE_PROFILE, COMM_SHARE_TRANSPORT,
-           COMM_SHARE_WAIT, COMM_SHARE_DIFF, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
+           COMM_SHARE_WAIT, COMM_SHARE_DIFF, COMM_SHARE_SERVER_BURST,
+           COMM_DIFF_PLACEMENT, COMM_DIFF_PATTERN, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
            ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, SCALEOUT_TPOT_C1, SCALEOUT_BURST,
            SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_PROJECTION, SPEC_MEASURED_NONE)
 

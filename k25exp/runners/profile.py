@@ -6,7 +6,10 @@ warm-up requests (outside the window) → POST /start_profile → `requests` dec
 `concurrency` → POST /stop_profile (blocks while every rank flushes) → every trace written
 since the window opened is copied into the run (traces/) and analysed (k25exp.traces).
 The requests' latencies are recorded (requests.jsonl) but never logged as figures: the
-profiler slows the server down.
+profiler slows the server down. Then, on the idle server, the step's collectives at tokens =
+concurrency are timed inside its TP workers (server_burst_*, k25exp.serving.collective_probe):
+the same burst the nccl_burst phase times in processes of its own, so the report can tell
+where the two differ from how the server's step issues them.
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ import httpx
 import orjson
 
 from k25exp.config.experiments import ProfileConfig, TraceBreakdownConfig
+from k25exp.collectives.step import decode_step_ops
 from k25exp.config.schema import K25Config
+from k25exp.dtypes import dtype_bytes
 from k25exp.gemm.floor import decode_floor
 from k25exp.model import routing
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
+from k25exp.serving import collective_probe
 from k25exp.serving.answers import refuse_html
+from k25exp.serving.launch import probe_loaded
 from k25exp.load.client import CompletionClient, run_level
 from k25exp.load.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError
@@ -53,6 +60,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     finally:
         copy_server_log(conn, out)
     rec.log_metrics({"profile_window_s": window_s, "stop_profile_s": stop_s})
+    burst = server_burst(cfg, conn, out, rec)
     traces = sorted(p for p in trace_dir.rglob(exp.trace_glob) if p.stat().st_mtime >= since)
     # vLLM's API server writes a trace of its own (*async_llm*): host-side only, no steps.
     traces = [p for p in traces if "async_llm" not in p.name]
@@ -65,7 +73,46 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     metrics = breakdown(copies, exp, out, rec)
     floor = step_floor(cfg, metrics, rec)
     rec.log_metrics(floor)
-    return {**metrics, **floor}
+    return {**metrics, **floor, **burst}
+
+
+SERVER_BURST_TIMING = (
+    "inside the server's TP workers (vLLM's /collective_rpc, k25exp.serving.collective_probe), "
+    "server idle after the capture, profiler off: per burst a barrier on the TP group's CPU "
+    "group, then the step's ops back to back through vLLM's tensor_model_parallel_* calls, "
+    "eager, each op blocking (perf_counter_ns around it); split at each op's last arrival "
+    "across ranks; medians over the bursts after 5 warm-up bursts")
+
+
+def server_burst(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -> dict[str, float]:
+    """The step's collectives timed in the server's own workers (module docstring); {} with a
+    tag saying why where they are not (a failure here never loses the capture)."""
+    exp: ProfileConfig = cfg.experiment
+    if not exp.server_burst_reps:
+        return {}
+    if cfg.server.kind != "vllm" or not probe_loaded(cfg.server):
+        rec.set_tags({"server_burst.skipped": "the server's workers do not load the probe "
+                      "(server=endpoint, TP 1, server.collective_probe=false or another "
+                      "interpreter runs vLLM)"})
+        return {}
+    m = cfg.model
+    ops = decode_step_ops(m.hidden_size, m.num_hidden_layers, m.vocab_size, cfg.server.tp,
+                          exp.concurrency, dtype_bytes(m.dtype))
+    try:
+        results = collective_probe.run_in_server(conn.base_url, [(o.op, o.numel) for o in ops],
+                                                 m.dtype, exp.server_burst_reps)
+    except Exception as e:  # noqa: BLE001  (a probe failure is reported, the capture kept)
+        log.warning("in-server burst not timed: %s", e)
+        rec.set_tags({"server_burst.skipped": f"{type(e).__name__}: {e}"[:500]})
+        return {}
+    (out / "server_burst.json").write_bytes(orjson.dumps(
+        {"ops": [[o.name, o.op, o.numel, o.nbytes] for o in ops], "results": results}))
+    metrics = collective_probe.summarise(results)
+    rec.set_tags({"server_burst.timing": SERVER_BURST_TIMING})
+    rec.log_metrics(metrics)
+    log.info("in-server burst: %.3f ms per step (transport %.3f ms), %d ops", metrics["server_burst_ms"],
+             metrics.get("server_burst_transport_ms", float("nan")), len(ops))
+    return metrics
 
 
 def step_floor(cfg: K25Config, breakdown_metrics: dict[str, float], rec: Recorder) -> dict[str, float]:

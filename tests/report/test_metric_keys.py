@@ -20,6 +20,7 @@ from tests.report.test_reconcile import campaign, run
 LOGGED = {
     "tpot_ms", "comm_ms", "gemm_ms", "rest_ms", "comm_share_burst", "comm_share_profile",
     "comm_share_profile_transport", "comm_share_profile_wait", "comm_share_diff_pp", "gemm_share",
+    "comm_share_server_burst", "comm_diff_placement_pp", "comm_diff_pattern_pp",
     "tpot_pred_err_pct_worst", "allreduce_busbw_pct_of_link", "ep_break_even_concurrency",
     "a2a_knee_tokens_per_gpu", "spec_measured_speedup.ngram_k_3",
     "spec_projected_speedup.ngram_k_3", "spec_measured_speedup.draft_model_k_3_self_draft",
@@ -50,6 +51,7 @@ def every_phase() -> Campaign:
             r.metrics.update({k: h[max(h)] for k, h in r.steps.items()})
         if r.phase == "profile":
             r.metrics["share_communication"] = 22.0
+            r.metrics["server_burst_transport_ms"] = 1.5
     a2a = run("all_to_all", 20, {"hardware.world_size": "2", "hardware.backend": "gloo"},
               {"knee_tokens_per_gpu": 4.0}, steps={"a2a_us": {1: 10.0, 2: 10.0, 4: 100.0}})
     ar = run("allreduce_sweep", 21, {"hardware.world_size": "2", "hardware.link_gbps": "10.0",

@@ -60,6 +60,41 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     assert not rec.keys & {"tpot_ms_p50", "output_tok_s"}  # never reported
 
 
+@pytest.mark.vllm
+def test_the_steps_collectives_timed_inside_the_servers_workers(profiled):
+    """server_burst_*: the step's 2 × layers + 2 ops timed in the server's own TP workers; the
+    figures recomputed by hand from the marks the workers returned (server_burst.json)."""
+    metrics, rec, out, _ = profiled
+    doc = json.loads((out / "server_burst.json").read_text())
+    cfg = compose_cfg("experiment=profile", "model=tiny_kimi")
+    layers, hidden = cfg.model.num_hidden_layers, cfg.model.hidden_size
+    assert [o[0] for o in doc["ops"]] == (["embedding"] + [f"layer{i}.{p}" for i in range(layers)
+                                                           for p in ("attn", "mlp")] + ["logits"])
+    assert [o[2] for o in doc["ops"][:-1]] == [hidden] * (2 * layers + 1)  # 1 token: hidden elements
+    res = doc["results"]
+    assert [r["rank"] for r in res] == [0, 1] and all(r["world"] == 2 and r["check_ok"] for r in res)
+    bursts = int(metrics["server_burst_bursts"])
+    assert all(len(r["marks_ns"]) == bursts and all(len(b) == len(doc["ops"]) for b in r["marks_ns"])
+               for r in res)
+    transport, total = [], []
+    for b in range(bursts):
+        ops = [r["marks_ns"][b] for r in res]
+        t = 0
+        for i in range(len(doc["ops"])):
+            last = max(o[i][0] for o in ops)
+            t += sum(o[i][1] - last for o in ops)
+        transport.append(t / 2 / 1e6)
+        total.append(max(o[-1][1] - o[0][0] for o in ops) / 1e6)
+    transport.sort(), total.sort()
+    mid = bursts // 2  # an even count: numpy's median is the mean of the middle two
+    med = (lambda xs: (xs[mid - 1] + xs[mid]) / 2) if bursts % 2 == 0 else (lambda xs: xs[mid])
+    assert metrics["server_burst_transport_ms"] == pytest.approx(med(transport))
+    assert metrics["server_burst_ms"] == pytest.approx(med(total))
+    assert metrics["server_burst_op_samples"] == 2 * bursts * len(doc["ops"])
+    assert metrics["server_burst_wrong_ranks"] == 0
+    assert "inside the server's TP workers" in rec.tags["server_burst.timing"]
+
+
 SPLIT = ("share_comm_wait", "share_comm_transport", "comm_wait_ms_per_step",
          "comm_transport_ms_per_step", "comm_raw_ms_per_step", "comm_calls_matched")
 

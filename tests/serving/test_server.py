@@ -217,3 +217,25 @@ def test_kv_cache_size_in_gib_goes_to_vllm_in_bytes():
     argv = server.launch_spec(cfg.server, Path("/m")).argv
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(3 * 2**29)  # 1.5 × 2^30
     assert "--kv-cache-memory-bytes" not in server.launch_spec(typed("experiment=macro").server, Path("/m")).argv
+
+
+def test_the_collective_probe_is_loaded_only_where_the_workers_can_import_it():
+    probe = ["--worker-extension-cls", "k25exp.serving.collective_probe.CollectiveProbe"]
+
+    def has_probe(*overrides):
+        argv = server.launch_spec(typed("experiment=macro", *overrides).server, Path("/m")).argv
+        i = argv.index("--worker-extension-cls") if "--worker-extension-cls" in argv else None
+        return i is not None and argv[i:i + 2] == probe
+
+    assert has_probe("server.tp=2")
+    # the workers import it from the k25exp this process runs, wherever they start
+    spec = server.launch_spec(typed("experiment=macro", "server.tp=2").server, Path("/m"))
+    assert str(Path(__file__).parents[2]) in spec.env["PYTHONPATH"].split(os.pathsep)
+    assert not has_probe("server.tp=1")  # no TP group to time
+    assert not has_probe("server.tp=2", "server.collective_probe=false")
+    assert not has_probe("server.tp=2", "server.python=/opt/other-venv/bin/python")  # may lack k25exp
+    # a user's own extension class wins: vLLM takes one
+    argv = server.launch_spec(typed("experiment=macro", "server.tp=2",
+                                    "server.extra_args=[--worker-extension-cls,my.Ext]").server,
+                              Path("/m")).argv
+    assert argv.count("--worker-extension-cls") == 1 and argv[-1] == "my.Ext"

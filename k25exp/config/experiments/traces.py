@@ -52,12 +52,19 @@ class ProfileConfig(ExperimentBase):
     trace_glob: str = "*.pt.trace.json*"  # the trace files in trace_dir (one per rank)
     rules: Optional[str] = None  # classification rules YAML; null = conf/trace_rules/default.yaml
     top_kernels: int = 30  # kernels listed in top_kernels.csv, by time
+    # After the capture, the step's collectives (2 × layers + 2 at tokens = concurrency) timed
+    # inside the server's own TP workers (k25exp.serving.collective_probe): this many bursts
+    # after 5 warm-up ones; 0 = off. Needs the probe loaded (server.collective_probe, TP > 1).
+    server_burst_reps: int = 50
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The capture and the server's profiler config."""
         super().check(cfg, problems)
         positive(self, "experiment", ["requests", "concurrency", "input_tokens", "stop_timeout_s",
                                       "top_kernels"], problems)
+        if self.server_burst_reps < 0:
+            problems.append(f"experiment.server_burst_reps={self.server_burst_reps}: expected >= 0 "
+                            "(0 = no in-server burst)")
         if self.output_tokens < 2:
             problems.append(f"experiment.output_tokens={self.output_tokens}: expected >= 2 (a decode step "
                             "needs a token after the first)")
