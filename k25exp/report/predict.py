@@ -12,7 +12,12 @@ prefill ended inside a request's decode, per decode step) × the profiles' prefi
 prompt token (their prefill steps' time / their context tokens, interpolated as above). The
 profile drives one wave of requests, so its decode steps hold no prefill; the macro's closed
 loop replaces each finished request, and those prefills run inside the steps TPOT counts
-(at c = 256 on one H200: a 37.6 ms decode step under a 45.8 ms TPOT). Missing in means missing out: a part that a profile the level needs (the two around
+(at c = 256 on one H200: a 37.6 ms decode step under a 45.8 ms TPOT). + the op pattern,
+on a CPU communicator whose ops return when done (gloo, shared memory): the profiles' step
+transport − the same burst timed in the server's own workers (server_burst_transport_ms),
+what issuing the ops between the layers' work changes against the burst's back-to-back ops
+(on gloo the burst reads ~1.5× the step's); without an in-server burst the note says so and
+the burst counts as it is. Missing in means missing out: a part that a profile the level needs (the two around
 it, or the nearest) did not measure leaves the level without a prediction and without an
 error, and its note names the part; it is never counted as 0 ms. Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
@@ -58,6 +63,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     client = macro.history("tpot_ms_p50")
     shared = macro.history("prefill_tokens_per_decode_step")
     per_token = {k: m.get("prefill_us_per_token") for k, m in per_c.items()}
+    pattern = _op_pattern(per_c, micro)
     if micro.one_rank:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
                          "the collectives and their wait count 0 ms at every level")
@@ -79,6 +85,11 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
             if how:
                 held.add(how)
         prefill, why_pf = _prefill_ms(shared.get(level), per_token, level)
+        op_pattern, how_pat = _lerp(pattern, level) if pattern else (None, "")
+        if pattern and op_pattern is None:
+            notes.append("op pattern: not measured around this level")
+        elif how_pat:
+            held.add(how_pat)
         if absent:
             notes.append(f"missing: {', '.join(absent)} (not in the profile(s) this level needs)")
             rest = None
@@ -87,9 +98,9 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         if held:
             notes.append("uncovered parts " + ", ".join(sorted(held)))
         pred = None if rest is None or prefill is None or any(v is None for v in parts.values()) \
-            else sum(parts.values()) + rest + prefill
-        row = [level, tpot, client.get(level), pred, parts["comm"], parts["gemm"], parts["moe"], rest,
-               prefill]
+            else sum(parts.values()) + rest + prefill + (op_pattern or 0.0)
+        row = [level, tpot, client.get(level), pred, parts["comm"], op_pattern, parts["gemm"],
+               parts["moe"], rest, prefill]
         if pred is not None:
             err = (pred - tpot) / tpot * 100
             out[level] = {M.TPOT_PRED_MS: pred, M.TPOT_PRED_ERR: err}
@@ -99,13 +110,18 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         rows.append(row + ["; ".join(notes)])
     sec.tables.append(Table("Predicted vs measured TPOT (ms)",
                             ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
-                             "collectives", "GEMMs", "MoE", "uncovered (profile)",
+                             "collectives", "op pattern", "GEMMs", "MoE", "uncovered (profile)",
                              "prefills shared", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro: in-stream "
                             "where timed so, else isolated) + attention, norm/activation, memory, "
                             "other, idle, the collectives' wait and the host time between steps "
                             "from the profiles + prefills shared (the macro level's prompt tokens "
-                            "prefilled per decode step × the profiles' prefill µs per token); "
+                            "prefilled per decode step × the profiles' prefill µs per token) + "
+                            "op pattern, where the profiles timed the burst in the server's own "
+                            "workers (vLLM's CPU communicator): the step's transport − that "
+                            "in-server burst, what issuing the ops between the layers' work "
+                            "changes (" + (f"{len(pattern)} profiled level(s)" if pattern else
+                                           "not measured: the burst counted as it is") + "); "
                             "parts assumed additive"
                             + (f"; {ONE_RANK}" if micro.one_rank else "")))
     if out:
@@ -126,6 +142,17 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         sec.figures.append(missing(M.TPOT_PRED_WORST, "no level had every part: " + "; ".join(
             sorted({r[-1] for r in rows if r[-1]}))[:400]))
     return sec, out
+
+
+def _op_pattern(per_c: dict[int, dict[str, float]], micro: Micro) -> dict[int, float]:
+    """Per profiled concurrency, the step's transport − the in-server burst's (ms): how much the
+    server's way of issuing the ops (between the layers' work) changes the burst's back-to-back
+    time, in the server's own workers. Only where the budget uses the burst's transport (a
+    CPU communicator whose ops return when done: measured.burst_key); {} elsewhere."""
+    if micro.burst_key != "burst_transport_ms":
+        return {}
+    return {k: m["comm_transport_ms"] - m["comm_server_burst_ms"] for k, m in per_c.items()
+            if "comm_transport_ms" in m and "comm_server_burst_ms" in m}
 
 
 def _prefill_ms(tokens: Optional[float], per_token: dict[int, Optional[float]], level: int

@@ -215,6 +215,12 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
                      (f"{ONE_RANK}; " if solo else "") +
                      f"profile: transport {_f(comm['transport'])} + wait {_f(comm['wait'])} = "
                      f"raw {_f(comm['raw'])} ms (calls' own durations, mean over ranks)"])
+        in_server = p.metrics.get("server_burst_transport_ms")  # the burst in the server's workers
+        if in_server is not None:
+            rows.append(["communication (in-server burst)", in_server, comm["transport"],
+                         (in_server - comm["transport"]) if comm["transport"] is not None else None,
+                         "the same burst in the server's own TP workers, back to back (profile's "
+                         "server_burst_transport_ms); − the step's transport = the op pattern"])
         step = p.metrics.get("decode_step_ms")
         tpot = tpots.get(k)
         gap = p.metrics.get("between_steps_ms")
@@ -225,7 +231,8 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
             m["prefill_us_per_token"] = m_pf
         for name, v in (("between_steps_ms", gap), ("comm_burst_ms", burst),
                         ("comm_transport_ms", comm["transport"]),
-                        ("comm_wait_ms", comm["wait"]), ("profiled_step_ms", step), ("tpot_ms", tpot)):
+                        ("comm_wait_ms", comm["wait"]), ("comm_server_burst_ms", in_server),
+                        ("profiled_step_ms", step), ("tpot_ms", tpot)):
             if v is not None:
                 m[name] = v
         if step and tpot and gap is not None:

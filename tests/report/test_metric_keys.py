@@ -33,6 +33,7 @@ LOGGED = {
                                             "attention", "norm_activation", "memory", "other", "idle")),
     *(f"recon.{cat}_micro_ms" for cat in ("comm_allreduce", "comm_allgather", "gemm", "moe")),
     "recon.between_steps_ms", "recon.comm_burst_ms", "recon.comm_transport_ms", "recon.comm_wait_ms",
+    "recon.comm_server_burst_ms",
     "recon.profiled_step_ms", "recon.tpot_ms", "recon.profiler_slowdown",
     "recon.prefill_us_per_token",  # the profile's prefill time per prompt token
 }

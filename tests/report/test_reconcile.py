@@ -207,7 +207,8 @@ def test_tpot_is_predicted_at_every_macro_level():
     assert out[8]["tpot_pred_ms"] == pytest.approx(pred8)
     rows = {r[0]: r for r in sec.tables[0].rows}
     assert "held at c=4" in rows[8][-1]
-    assert rows[1][8] == 0.0 and rows[8][8] == pytest.approx(0.28)  # the prefills column, ms
+    assert rows[1][9] == 0.0 and rows[8][9] == pytest.approx(0.28)  # the prefills column, ms
+    assert all(rows[k][5] is None for k in rows)  # no op pattern: the burst is not split
     # c = 4: micro log-log between tokens 1 and 8 (× 4^(1/3) … = 2^(2/3)); uncovered at c = 4
     g = 2 ** (2 / 3)
     pred4 = 1.0 * g + 21 * 10.0 * g / 1e3 + 2 * 50.0 * g / 1e3 + unc4 + 12 * 10.0 / 1e3
@@ -234,7 +235,7 @@ def test_a_level_missing_an_uncovered_part_gets_no_prediction(part, metric):
     # taken from c = 4, where it is missing: nothing predicted, and the note names it
     assert sorted(out) == [1]
     for level in (2, 4, 8):
-        assert rows[level][3] is None and rows[level][9] is None  # predicted, error %
+        assert rows[level][3] is None and rows[level][10] is None  # predicted, error %
         assert f"missing: {part}" in rows[level][-1]
     unc1 = 0.58 * 12.0 + 1.7 + 0.4
     assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
@@ -273,6 +274,38 @@ def test_a_burst_split_at_each_ops_last_arrival_is_budgeted_with_its_transport()
     unc1 = 0.58 * 12.0 + 1.7 + 0.4
     assert out[1]["tpot_pred_ms"] == pytest.approx(0.6 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
     assert per_c[1]["comm_burst_ms"] == pytest.approx(0.6)
+
+
+def test_the_op_pattern_measured_in_the_servers_workers_joins_the_prediction():
+    """On a CPU communicator (the burst split, its transport budgeted) with the profiles'
+    in-server burst: + (the step's transport − the in-server burst), linear in c between the
+    profiles, held outside them; the reconciliation shows the in-server burst's row."""
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "nccl_burst":
+            r.metrics["burst_transport_ms"] = r.metrics["burst_ms"] * 0.6
+        if r.phase == "profile":  # transport 0.5 ms per step in both profiles
+            r.metrics["server_burst_transport_ms"] = {1: 0.8, 4: 1.4}[r.param("experiment.concurrency", int)]
+    sec_r, per_c = reconcile.reconcile(c)
+    sec, out = predict.predict(c, per_c)
+    unc1 = 0.58 * 12.0 + 1.7 + 0.4
+    assert out[1]["tpot_pred_ms"] == pytest.approx(0.6 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1
+                                                   + (0.5 - 0.8))
+    rows = {r[0]: r for r in sec.tables[0].rows}
+    assert rows[1][5] == pytest.approx(-0.3) and rows[4][5] == pytest.approx(-0.9)
+    assert rows[2][5] == pytest.approx(-0.3 + (-0.9 + 0.3) / 3)  # linear in c between 1 and 4
+    assert rows[8][5] == pytest.approx(-0.9) and "held at c=4" in rows[8][-1]
+    recon1 = {r[0]: r for r in sec_r.tables[0].rows}["communication (in-server burst)"]
+    assert recon1[1:4] == pytest.approx([0.8, 0.5, 0.3])
+    assert "2 profiled level(s)" in sec.tables[0].note
+    # not on a communicator the budget takes whole (no split): the part is left out
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "profile":
+            r.metrics["server_burst_transport_ms"] = 0.8
+    _, per_c = reconcile.reconcile(c)
+    sec, out = predict.predict(c, per_c)
+    assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
 
 
 def test_a_server_running_cuda_graphs_is_budgeted_with_the_graph_replay():
