@@ -12,12 +12,15 @@ prefill ended inside a request's decode, per decode step) × the profiles' prefi
 prompt token (their prefill steps' time / their context tokens, interpolated as above). The
 profile drives one wave of requests, so its decode steps hold no prefill; the macro's closed
 loop replaces each finished request, and those prefills run inside the steps TPOT counts
-(at c = 256 on one H200: a 37.6 ms decode step under a 45.8 ms TPOT). + the op pattern,
-on a CPU communicator whose ops return when done (gloo, shared memory): the profiles' step
-transport − the same burst timed in the server's own workers (server_burst_transport_ms),
-what issuing the ops between the layers' work changes against the burst's back-to-back ops
-(on gloo the burst reads ~1.5× the step's); without an in-server burst the note says so and
-the burst counts as it is. Missing in means missing out: a part that a profile the level needs (the two around
+(at c = 256 on one H200: a 37.6 ms decode step under a 45.8 ms TPOT).
+
+On a CPU communicator whose ops return when done (gloo, shared memory: the budget takes the
+burst's transport), the collectives are the burst timed inside the server's own TP workers
+where the profiles timed it (server_burst_transport_ms, linear in c between profiled
+concurrencies, held outside them): the same back-to-back ops, in the processes, threads and
+pinning the server runs them in. The nccl_burst figure (processes of its own) stands beside
+it; on vLLM's gloo path the two differed by up to ~50 % (docs/report.md). Without an
+in-server burst the nccl_burst figure is used and the note says so. Missing in means missing out: a part that a profile the level needs (the two around
 it, or the nearest) did not measure leaves the level without a prediction and without an
 error, and its note names the part; it is never counted as 0 ms. Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
@@ -63,14 +66,21 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     client = macro.history("tpot_ms_p50")
     shared = macro.history("prefill_tokens_per_decode_step")
     per_token = {k: m.get("prefill_us_per_token") for k, m in per_c.items()}
-    pattern = _op_pattern(per_c, micro)
+    in_server = _in_server_burst(per_c, micro)
     if micro.one_rank:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
                          "the collectives and their wait count 0 ms at every level")
     for level, tpot in sorted(tpots.items()):
-        parts = {"comm": micro.at("comm", level), "gemm": micro.at("gemm", level),
-                 "moe": micro.at("moe", level)}
-        notes = [f"{k}: {micro.why.get(k, 'outside the measured range')}" for k, v in parts.items() if v is None]
+        own = micro.at("comm", level)  # the nccl_burst figure: processes of its own
+        parts = {"comm": own, "gemm": micro.at("gemm", level), "moe": micro.at("moe", level)}
+        used = []
+        if in_server:
+            parts["comm"], how_srv = _lerp(in_server, level)
+            used.append("collectives: in-server burst" + (f" {how_srv}" if how_srv else ""))
+        elif micro.burst_key == "burst_transport_ms":
+            used.append("collectives: nccl_burst (no profile timed the burst in the server's workers)")
+        notes = used + [f"{k}: {micro.why.get(k, 'outside the measured range')}"
+                        for k, v in parts.items() if v is None]
         isolated = [f"{k}: {micro.timing[(k, level)]}" for k in ("gemm", "moe")
                     if parts[k] is not None and micro.timing.get((k, level), "in-stream") != "in-stream"]
         if isolated:  # the isolated figure carries a fixed cost per call the graph does not
@@ -85,11 +95,6 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
             if how:
                 held.add(how)
         prefill, why_pf = _prefill_ms(shared.get(level), per_token, level)
-        op_pattern, how_pat = _lerp(pattern, level) if pattern else (None, "")
-        if pattern and op_pattern is None:
-            notes.append("op pattern: not measured around this level")
-        elif how_pat:
-            held.add(how_pat)
         if absent:
             notes.append(f"missing: {', '.join(absent)} (not in the profile(s) this level needs)")
             rest = None
@@ -98,8 +103,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         if held:
             notes.append("uncovered parts " + ", ".join(sorted(held)))
         pred = None if rest is None or prefill is None or any(v is None for v in parts.values()) \
-            else sum(parts.values()) + rest + prefill + (op_pattern or 0.0)
-        row = [level, tpot, client.get(level), pred, parts["comm"], op_pattern, parts["gemm"],
+            else sum(parts.values()) + rest + prefill
+        row = [level, tpot, client.get(level), pred, parts["comm"], own, parts["gemm"],
                parts["moe"], rest, prefill]
         if pred is not None:
             err = (pred - tpot) / tpot * 100
@@ -110,19 +115,18 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
         rows.append(row + ["; ".join(notes)])
     sec.tables.append(Table("Predicted vs measured TPOT (ms)",
                             ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
-                             "collectives", "op pattern", "GEMMs", "MoE", "uncovered (profile)",
+                             "collectives", "nccl_burst", "GEMMs", "MoE", "uncovered (profile)",
                              "prefills shared", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro: in-stream "
                             "where timed so, else isolated) + attention, norm/activation, memory, "
                             "other, idle, the collectives' wait and the host time between steps "
                             "from the profiles + prefills shared (the macro level's prompt tokens "
-                            "prefilled per decode step × the profiles' prefill µs per token) + "
-                            "op pattern, where the profiles timed the burst in the server's own "
-                            "workers (vLLM's CPU communicator): the step's transport − that "
-                            "in-server burst, what issuing the ops between the layers' work "
-                            "changes (" + (f"{len(pattern)} profiled level(s)" if pattern else
-                                           "not measured: the burst counted as it is") + "); "
-                            "parts assumed additive"
+                            "prefilled per decode step × the profiles' prefill µs per token); "
+                            "collectives: " + ("the burst timed in the server's own TP workers "
+                                               f"(profiles' server_burst_transport_ms, {len(in_server)} "
+                                               "profiled level(s)), the nccl_burst figure beside it; "
+                                               if in_server else "the nccl_burst figure; ")
+                            + "parts assumed additive"
                             + (f"; {ONE_RANK}" if micro.one_rank else "")))
     if out:
         worst = max(out, key=lambda k: abs(out[k][M.TPOT_PRED_ERR]))
@@ -144,15 +148,13 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     return sec, out
 
 
-def _op_pattern(per_c: dict[int, dict[str, float]], micro: Micro) -> dict[int, float]:
-    """Per profiled concurrency, the step's transport − the in-server burst's (ms): how much the
-    server's way of issuing the ops (between the layers' work) changes the burst's back-to-back
-    time, in the server's own workers. Only where the budget uses the burst's transport (a
-    CPU communicator whose ops return when done: measured.burst_key); {} elsewhere."""
+def _in_server_burst(per_c: dict[int, dict[str, float]], micro: Micro) -> dict[int, float]:
+    """Per profiled concurrency, the step's collectives timed inside the server's own TP
+    workers (ms, transport). Only where the budget takes the burst's transport (a CPU
+    communicator whose ops return when done: measured.burst_key); {} elsewhere."""
     if micro.burst_key != "burst_transport_ms":
         return {}
-    return {k: m["comm_transport_ms"] - m["comm_server_burst_ms"] for k, m in per_c.items()
-            if "comm_transport_ms" in m and "comm_server_burst_ms" in m}
+    return {k: m["comm_server_burst_ms"] for k, m in per_c.items() if "comm_server_burst_ms" in m}
 
 
 def _prefill_ms(tokens: Optional[float], per_token: dict[int, Optional[float]], level: int

@@ -208,7 +208,7 @@ def test_tpot_is_predicted_at_every_macro_level():
     rows = {r[0]: r for r in sec.tables[0].rows}
     assert "held at c=4" in rows[8][-1]
     assert rows[1][9] == 0.0 and rows[8][9] == pytest.approx(0.28)  # the prefills column, ms
-    assert all(rows[k][5] is None for k in rows)  # no op pattern: the burst is not split
+    assert rows[1][5] == rows[1][4] == 1.0  # collectives: the nccl_burst figure, also beside
     # c = 4: micro log-log between tokens 1 and 8 (× 4^(1/3) … = 2^(2/3)); uncovered at c = 4
     g = 2 ** (2 / 3)
     pred4 = 1.0 * g + 21 * 10.0 * g / 1e3 + 2 * 50.0 * g / 1e3 + unc4 + 12 * 10.0 / 1e3
@@ -276,10 +276,10 @@ def test_a_burst_split_at_each_ops_last_arrival_is_budgeted_with_its_transport()
     assert per_c[1]["comm_burst_ms"] == pytest.approx(0.6)
 
 
-def test_the_op_pattern_measured_in_the_servers_workers_joins_the_prediction():
+def test_the_burst_timed_in_the_servers_workers_is_the_predictions_collectives():
     """On a CPU communicator (the burst split, its transport budgeted) with the profiles'
-    in-server burst: + (the step's transport − the in-server burst), linear in c between the
-    profiles, held outside them; the reconciliation shows the in-server burst's row."""
+    in-server burst: that is the collectives' part, linear in c between the profiles and held
+    outside them; the nccl_burst figure stands beside it; the reconciliation shows its row."""
     c = campaign()
     for r in c.runs:
         if r.phase == "nccl_burst":
@@ -289,16 +289,16 @@ def test_the_op_pattern_measured_in_the_servers_workers_joins_the_prediction():
     sec_r, per_c = reconcile.reconcile(c)
     sec, out = predict.predict(c, per_c)
     unc1 = 0.58 * 12.0 + 1.7 + 0.4
-    assert out[1]["tpot_pred_ms"] == pytest.approx(0.6 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1
-                                                   + (0.5 - 0.8))
+    assert out[1]["tpot_pred_ms"] == pytest.approx(0.8 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
     rows = {r[0]: r for r in sec.tables[0].rows}
-    assert rows[1][5] == pytest.approx(-0.3) and rows[4][5] == pytest.approx(-0.9)
-    assert rows[2][5] == pytest.approx(-0.3 + (-0.9 + 0.3) / 3)  # linear in c between 1 and 4
-    assert rows[8][5] == pytest.approx(-0.9) and "held at c=4" in rows[8][-1]
+    assert rows[1][4] == pytest.approx(0.8) and rows[4][4] == pytest.approx(1.4)
+    assert rows[2][4] == pytest.approx(0.8 + (1.4 - 0.8) / 3)  # linear in c between 1 and 4
+    assert rows[8][4] == pytest.approx(1.4) and "collectives: in-server burst held at c=4" in rows[8][-1]
+    assert rows[1][5] == pytest.approx(0.6) and rows[8][5] == pytest.approx(1.2)  # nccl_burst beside
     recon1 = {r[0]: r for r in sec_r.tables[0].rows}["communication (in-server burst)"]
     assert recon1[1:4] == pytest.approx([0.8, 0.5, 0.3])
     assert "2 profiled level(s)" in sec.tables[0].note
-    # not on a communicator the budget takes whole (no split): the part is left out
+    # a communicator the budget takes whole (no split: e.g. NCCL): the nccl_burst figure
     c = campaign()
     for r in c.runs:
         if r.phase == "profile":
