@@ -1,8 +1,10 @@
 """TPOT predicted at every macro level from the parts the reconciliation measured.
 
 TPOT(c) predicted = micro ms of the collectives (burst_ms at tokens = c), the step's GEMMs
-and MoE layers at c, + what no micro-benchmark covers, from the profiles: attention,
-norm/activation, memory, other, idle/host, the collectives' wait for the last rank (a
+and MoE layers at c, + what no micro-benchmark covers, from the profiles: every other
+category of the profile's trace rules (attention, norm/activation, memory, other,
+convolution, all-to-all, other collectives, a user's own: reconcile.profile_rows) and idle,
+the collectives' wait for the last rank (a
 micro-benchmark starts every op after a barrier, so it times transport only) and the host
 time between two steps (the trace's median gap between consecutive decode steps): linear in
 c between profiled concurrencies, the nearest profile's value outside them (said so per
@@ -40,7 +42,7 @@ from typing import Optional
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.measured import ONE_RANK
-from k25exp.report.reconcile import UNCOVERED, Micro, engine_tpot
+from k25exp.report.reconcile import Micro, engine_tpot, uncovered_parts
 from k25exp.report.sources import Campaign
 
 
@@ -58,7 +60,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
                                    else c.why_no_closed_loop_macro()))
         return sec, out
     # per part, its value at every profiled concurrency (None where that profile lacks it)
-    keys = {**{cat: f"{cat}_profile_ms" for cat in UNCOVERED}, "wait": "comm_wait_ms",
+    from_profiles = uncovered_parts(per_c)
+    keys = {**{cat: f"{cat}_profile_ms" for cat in from_profiles}, "wait": "comm_wait_ms",
             "between_steps": "between_steps_ms"}
     uncovered = {part: {k: m.get(key) for k, m in per_c.items()} for part, key in keys.items()}
     rows = []
@@ -118,8 +121,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
                              "collectives", "nccl_burst", "GEMMs", "MoE", "uncovered (profile)",
                              "prefills shared", "error %", "note"], rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro: in-stream "
-                            "where timed so, else isolated) + attention, norm/activation, memory, "
-                            "other, idle, the collectives' wait and the host time between steps "
+                            "where timed so, else isolated) + " + ", ".join(from_profiles)
+                            + ", the collectives' wait and the host time between steps "
                             "from the profiles + prefills shared (the macro level's prompt tokens "
                             "prefilled per decode step × the profiles' prefill µs per token); "
                             "collectives: " + ("the burst timed in the server's own TP workers "

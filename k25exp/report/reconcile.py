@@ -39,9 +39,37 @@ from k25exp.report.measured import (ONE_RANK, auto_kernel, burst_key, interp_log
 from k25exp.report.sources import Campaign, RunView
 
 MICRO_CATEGORIES = ("comm_allreduce", "comm_allgather", "gemm", "moe")
+# The rows first in every reconciliation; of them the step burst, the GEMMs and the MoE layers
+# (MICRO_CATEGORIES) stand in for their categories in the prediction.
+MICRO_ROWS = ("comm_allreduce", "comm_allgather", "comm_all_to_all", "gemm", "moe")
+# The categories a profile without its rules' list (trace.categories: older runs) is read for.
 UNCOVERED = ("attention", "norm_activation", "memory", "other", "idle")
-ROWS = ("comm_allreduce", "comm_allgather", "comm_all_to_all", "gemm", "moe") + UNCOVERED
+GEMM_CATEGORIES = ("gemm_dense", "gemm_quantized")
 EXPERT_SHAPES = ("expert_gate_up", "expert_down")
+
+
+def profile_rows(p: RunView) -> tuple[str, ...]:
+    """The reconciliation's rows for one profile: the micro rows, then every other category of
+    the rules it was analysed with (its tag trace.categories: convolution, comm_other, a
+    user's own) and idle. Their shares sum to 100 % of the step, so no category's time falls
+    out of the parts; a profile without the tag gets UNCOVERED."""
+    tag = p.tags.get("trace.categories")
+    if not tag:
+        return MICRO_ROWS + UNCOVERED
+    rest = [c for c in tag.split(",") if c and c not in MICRO_ROWS and c not in GEMM_CATEGORIES]
+    return MICRO_ROWS + tuple(rest) + ("idle",)
+
+
+def uncovered_parts(per_c: dict[int, dict[str, float]]) -> list[str]:
+    """The prediction's parts from the profiles: every row a profile measured that no
+    micro-benchmark stands in for (`<row>_profile_ms` in reconcile's metrics), in row order."""
+    out: list[str] = []
+    for m in per_c.values():
+        for key in m:
+            row = key[:-len("_profile_ms")] if key.endswith("_profile_ms") else None
+            if row and row not in MICRO_CATEGORIES and row not in out:
+                out.append(row)
+    return out
 
 
 def profile_runs(c: Campaign) -> dict[int, RunView]:
@@ -57,7 +85,7 @@ def profile_runs(c: Campaign) -> dict[int, RunView]:
 def profile_ms(p: RunView, category: str) -> Optional[float]:
     step = p.metrics.get("decode_step_ms")
     if category == "gemm":
-        parts = [p.metrics.get(f"share_{k}") for k in ("gemm_dense", "gemm_quantized")]
+        parts = [p.metrics.get(f"share_{k}") for k in GEMM_CATEGORIES]
         share = sum(x for x in parts if x is not None) if any(x is not None for x in parts) else None
     else:
         share = p.metrics.get(f"share_{category}")
@@ -195,7 +223,7 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
     for k in sorted(profiles):
         p = profiles[k]
         rows, m = [], {}
-        for cat in ROWS:
+        for cat in profile_rows(p):
             mi = micro.at(cat, k) if cat in MICRO_CATEGORIES else None
             pr = profile_ms(p, cat)
             if solo and cat.startswith("comm") and pr is None:

@@ -122,6 +122,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     rows: list[Row] = []
     failures: list[str] = []
     method: Optional[dict] = None  # how the first figure was timed (the run's timing.* tags)
+    instream_tagged = False  # the in-stream figures' method is tagged once (timing.instream.*)
     gen = torch.Generator().manual_seed(exp.seed)
     # every call's time, per figure: what `k25exp compare` tests two runs' medians with
     samples = open(out / "samples.jsonl", "ab")
@@ -131,13 +132,13 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         first figure's method as timing.*, any figure timed otherwise (the MoE reference is
         never graphed: its loop depends on the routing) as timing.<figure>.*; the in-stream
         figures' method as timing.instream.* (the first one's)."""
-        nonlocal method
+        nonlocal method, instream_tagged
         samples.write(orjson.dumps({"figure": f"{prefix}/{figure}", "step": step,
                                     "samples_us": t.samples_us}) + b"\n")
         m = {k: str(v) for k, v in t.method.items() if k != "device"}
         if figure == "latency_us_instream":
             if not instream_tagged:
-                instream_tagged.append(True)
+                instream_tagged = True
                 rec.set_tags({f"timing.instream.{k}": v for k, v in m.items() if k != "calls_per_graph"})
             return
         if method is None:
@@ -145,7 +146,6 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
             rec.set_tags({f"timing.{k}": v for k, v in m.items()})
         elif m != method:
             rec.set_tags({f"timing.{prefix}.{k}": v for k, v in m.items() if method.get(k) != v})
-    instream_tagged: list[bool] = []
     try:
         for si, (label, shape) in enumerate(shapes_to_run(cfg)):
             w = random_weight(shape.n, shape.k, seed=exp.seed + si, device=device)

@@ -151,8 +151,11 @@ def breakdown(paths: list[Path], exp: ProfileConfig | TraceBreakdownConfig, out:
     metrics = write_outputs(analysis, out / "breakdown", top=exp.top_kernels)
     metrics["analyse_s"] = time.perf_counter() - t
     rec.log_metrics(metrics)
+    # trace.categories: the rules' categories, whose shares (with idle) make up the step: the
+    # report's reconciliation counts each of them, a user's own included, as a part of the step
     rec.set_tags({"traces": ",".join(p.name for p in paths)[:5000],
-                  "trace.step_source": ",".join(sorted({r.step_source for r in analysis.ranks}))})
+                  "trace.step_source": ",".join(sorted({r.step_source for r in analysis.ranks})),
+                  "trace.categories": ",".join(analysis.categories)[:5000]})
     for w in analysis.warnings:
         log.warning("%s", w)
     print(summary_text(analysis), flush=True)

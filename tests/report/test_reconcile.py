@@ -220,6 +220,32 @@ def test_tpot_is_predicted_at_every_macro_level():
     assert sec.figures[0].value == pytest.approx(worst) and sec.figures[0].key == "tpot_pred_err_pct_worst"
 
 
+def test_every_category_of_the_profiles_rules_is_a_part_of_the_prediction():
+    """A profile analysed with rules that have categories beyond the usual ones (convolution,
+    other collectives, an all-to-all, a user's own 'sampler': its tag trace.categories) has
+    each as a reconciliation row and a part of the prediction: its time is not dropped.
+    Same step as campaign()'s, attention 30 % split into 24 + convolution 3 + comm_other 2 +
+    sampler 1 (+ all-to-all 0): the uncovered parts stay 58 % of the step, by hand."""
+    c = campaign()
+    cats = ("attention,moe,gemm_quantized,gemm_dense,convolution,norm_activation,other,memory,"
+            "comm_allreduce,comm_all_to_all,comm_allgather,comm_other,sampler")
+    for r in c.runs:
+        if r.phase == "profile":
+            r.tags["trace.categories"] = cats
+            r.metrics.update({"share_attention": 24.0, "share_convolution": 3.0,
+                              "share_comm_other": 2.0, "share_sampler": 1.0,
+                              "share_comm_all_to_all": 0.0})
+    sec, per_c = reconcile.reconcile(c)
+    rows = {r[0]: r for r in sec.tables[0].rows}  # c = 1, a 12 ms step
+    for cat, share in (("convolution", 3.0), ("comm_other", 2.0), ("sampler", 1.0),
+                       ("comm_all_to_all", 0.0), ("attention", 24.0), ("idle", 20.0)):
+        assert rows[cat][2] == pytest.approx(share / 100 * 12.0), cat
+    assert "gemm_dense" not in rows and "gemm_quantized" not in rows  # in the gemm row
+    _, out = predict.predict(c, per_c)
+    unc1 = 0.58 * 12.0 + 1.7 + 0.4  # 24 + 3 + 5 + 1 + 2 + 2 + 1 + 0 + 20 = 58 % of 12 ms
+    assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
+
+
 @pytest.mark.parametrize("part, metric", [("wait", "comm_wait_ms_per_step"),
                                           ("between_steps", "between_steps_ms"),
                                           ("attention", "share_attention")])

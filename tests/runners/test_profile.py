@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.traces import analyze, load_rules
@@ -55,6 +56,9 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     assert metrics["allreduce_share"] > 0 and metrics["allreduce_share"] == metrics["share_comm_allreduce"]
     assert metrics["share_moe"] > 0 and metrics["share_attention"] > 0 and metrics["share_gemm"] > 0
     assert rec.tags["trace.step_source"] == "user_annotation"
+    # the rules' categories, whose shares with idle make up the step (the report counts each)
+    rules = yaml.safe_load((ROOT / "conf" / "trace_rules" / "default.yaml").read_text())
+    assert rec.tags["trace.categories"].split(",") == rules["categories"]
     assert rec.history["server_starts"] == {0: 1.0}
     assert "stop_profile_s" in rec.keys
     assert not rec.keys & {"tpot_ms_p50", "output_tok_s"}  # never reported
