@@ -42,7 +42,7 @@ from typing import Optional
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.measured import ONE_RANK
-from k25exp.report.reconcile import Micro, engine_tpot, uncovered_parts
+from k25exp.report.reconcile import Micro, engine_tpot, profile_runs, shape_note, uncovered_parts
 from k25exp.report.sources import Campaign
 
 
@@ -73,6 +73,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     if micro.one_rank:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
                          "the collectives and their wait count 0 ms at every level")
+    if note := shape_note(profile_runs(c), macro):
+        sec.notes.append(note)
     for level, tpot in sorted(tpots.items()):
         own = micro.at("comm", level)  # the nccl_burst figure: processes of its own
         parts = {"comm": own, "gemm": micro.at("gemm", level), "moe": micro.at("moe", level)}

@@ -72,6 +72,27 @@ def uncovered_parts(per_c: dict[int, dict[str, float]]) -> list[str]:
     return out
 
 
+def shape_note(profiles: dict[int, RunView], macro: Optional[RunView]) -> str:
+    """A note when profiles ran requests of another shape (prompt / output tokens) than the
+    macro's: a decode step's cost grows with its context, so their step is not the macro's
+    step and the prediction built on it is off by that much. '' when they match or a shape
+    was not logged."""
+    def shape(r: RunView) -> Optional[tuple[int, int]]:
+        n_in, n_out = (r.param(f"experiment.{k}_tokens", int) for k in ("input", "output"))
+        return None if n_in is None or n_out is None else (n_in, n_out)
+
+    want = shape(macro) if macro else None
+    if want is None:
+        return ""
+    other = {k: got for k, p in sorted(profiles.items()) if (got := shape(p)) and got != want}
+    if not other:
+        return ""
+    return ("profiles of another request shape than the macro's (" + f"{want[0]} prompt / {want[1]} "
+            "output tokens): " + ", ".join(f"c = {k}: {a} / {b}" for k, (a, b) in other.items())
+            + "; their decode steps hold another context than the macro's, so their parts are "
+              "not the macro's (profile with experiment.input_tokens / output_tokens as the macro)")
+
+
 def profile_runs(c: Campaign) -> dict[int, RunView]:
     """The latest finished profile run per profiled concurrency."""
     out: dict[int, RunView] = {}
@@ -220,6 +241,8 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
     solo = micro.one_rank  # world size 1: the collectives and the wait are 0 ms, not missing
     if solo:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {solo.short})")
+    if note := shape_note(profiles, macro):
+        sec.notes.append(note)
     for k in sorted(profiles):
         p = profiles[k]
         rows, m = [], {}

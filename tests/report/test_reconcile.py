@@ -246,6 +246,31 @@ def test_every_category_of_the_profiles_rules_is_a_part_of_the_prediction():
     assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
 
 
+def test_profiles_of_another_request_shape_than_the_macros_are_said_in_both_sections():
+    """The prediction takes the profile's step for the macro's: a profile of shorter requests
+    (less context per step) than the macro's is named, with both shapes, in the
+    reconciliation and the prediction; matching shapes, or a shape not logged, say nothing."""
+    def notes(c):
+        sec_r, per_c = reconcile.reconcile(c)
+        sec_p, _ = predict.predict(c, per_c)
+        return " ".join(sec_r.notes), " ".join(sec_p.notes)
+
+    c = campaign()
+    assert notes(c) == ("", "")  # no shape logged
+    for r in c.runs:
+        if r.phase == "macro":
+            r.params.update({"experiment.input_tokens": "128", "experiment.output_tokens": "64"})
+        if r.phase == "profile":
+            r.params.update({"experiment.input_tokens": "128", "experiment.output_tokens": "64"})
+    assert notes(c) == ("", "")  # the same shape
+    for r in c.runs:
+        if r.phase == "profile" and r.param("experiment.concurrency", int) == 4:
+            r.params.update({"experiment.input_tokens": "32", "experiment.output_tokens": "32"})
+    for text in notes(c):
+        assert "(128 prompt / 64 output tokens)" in text and "c = 4: 32 / 32" in text
+        assert "c = 1:" not in text  # c = 1 ran the macro's shape
+
+
 @pytest.mark.parametrize("part, metric", [("wait", "comm_wait_ms_per_step"),
                                           ("between_steps", "between_steps_ms"),
                                           ("attention", "share_attention")])

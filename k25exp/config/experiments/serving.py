@@ -46,6 +46,12 @@ class MacroFaultConfig:
     after_requests: int = 1  # ...once this many requests of that level have finished
 
 
+# One request shape for the macro and the profile: the report predicts the macro's TPOT from
+# the profile's decode step, and a step's cost grows with its context (tiny_kimi on 2 CPU
+# cores: a 6.5 ms step at 32 prompt / 32 output tokens, 9.2 ms at 128 / 64).
+INPUT_TOKENS, OUTPUT_TOKENS = 128, 64
+
+
 @experiment
 @dataclass
 class MacroConfig(Registered):
@@ -65,8 +71,8 @@ class MacroConfig(Registered):
 
     name: str = "macro"  # the experiment's name: experiment=NAME selects conf/experiment/NAME.yaml
     _target_: str = "k25exp.runners.macro.run"
-    input_tokens: int = 128  # exact prompt length, counted by the served tokenizer
-    output_tokens: int = 64  # max_tokens with ignore_eos
+    input_tokens: int = INPUT_TOKENS  # exact prompt length, counted by the served tokenizer
+    output_tokens: int = OUTPUT_TOKENS  # max_tokens with ignore_eos
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     warmup: int = 2  # requests sent before anything is measured; never in the figures
     single_stream_requests: int = 8  # one at a time; 0 skips the phase

@@ -10,7 +10,7 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import ExperimentBase, experiment, positive
-from k25exp.config.experiments.serving import served_model_problems
+from k25exp.config.experiments.serving import INPUT_TOKENS, OUTPUT_TOKENS, served_model_problems
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -40,8 +40,9 @@ class ProfileConfig(ExperimentBase):
     warmup: int = 2
     requests: int = 4  # decode requests inside the profile window (at least concurrency are sent)
     concurrency: int = 1  # the batch being profiled (at least this many requests are sent)
-    input_tokens: int = 32  # prompt length of the profiled requests
-    output_tokens: int = 32  # tokens each generates (at least 2: the decode steps)
+    # The macro's request shape (its defaults): the report takes this step for the macro's.
+    input_tokens: int = INPUT_TOKENS  # prompt length of the profiled requests
+    output_tokens: int = OUTPUT_TOKENS  # tokens each generates (at least 2: the decode steps)
     temperature: float = 0.0  # sampling temperature (0 = greedy)
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     # /stop_profile blocks while every rank flushes its trace (minutes with stack capture).
