@@ -47,8 +47,7 @@ class MacroFaultConfig:
 
 
 # One request shape for the macro and the profile: the report predicts the macro's TPOT from
-# the profile's decode step, and a step's cost grows with its context (tiny_kimi on 2 CPU
-# cores: a 6.5 ms step at 32 prompt / 32 output tokens, 9.2 ms at 128 / 64).
+# the profile's decode step, and a step's attention and KV reads grow with its context.
 INPUT_TOKENS, OUTPUT_TOKENS = 128, 64
 
 
