@@ -288,6 +288,17 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
                 m[name] = v
         if step and tpot and gap is not None:
             m["profiler_slowdown"] = (step + gap) / tpot
+        # the profile's own server start without the profiler, against the macro's server
+        plain, plain_n = (p.metrics.get(f"unprofiled_tpot_{k}") for k in ("ms_mean", "n"))
+        start_note = ""
+        if plain is not None:
+            m["profile_server_tpot_ms"] = plain
+            start_note = (f"; the profile's server without the profiler: {_f(plain)} ms TPOT "
+                          f"(mean of {plain_n:.0f} requests)")
+            if tpot:
+                m["server_start_pct"] = (plain / tpot - 1) * 100
+                start_note += (f", {m['server_start_pct']:+.1f} % against the macro's server "
+                               "(another start of the same server: what no part explains)")
         per_c[k] = m
         sec.tables.append(Table(
             f"concurrency {k}: ms per decode step (profile run {p.short})",
@@ -298,7 +309,7 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
                "missing (" + ("no between_steps_ms in the profile" if gap is None else
                               "needs the profiled step and TPOT") + ")")
             + f"; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
-            " of the step counted twice by raw category times"))
+            " of the step counted twice by raw category times" + start_note))
     return sec, per_c
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -56,10 +57,11 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                   "and are not logged; see experiment=macro",
                   "profile.trace_dir": str(trace_dir)})
     try:
-        window_s, stop_s, since = asyncio.run(_capture(cfg, conn, out))
+        window_s, stop_s, since, plain = asyncio.run(_capture(cfg, conn, out))
     finally:
         copy_server_log(conn, out)
-    rec.log_metrics({"profile_window_s": window_s, "stop_profile_s": stop_s})
+    rec.log_metrics({"profile_window_s": window_s, "stop_profile_s": stop_s,
+                     **unprofiled_tpot(plain)})
     burst = server_burst(cfg, conn, out, rec)
     traces = sorted(p for p in trace_dir.rglob(exp.trace_glob) if p.stat().st_mtime >= since)
     # vLLM's API server writes a trace of its own (*async_llm*): host-side only, no steps.
@@ -173,7 +175,18 @@ def _trace_dir(cfg: K25Config) -> Path:
                        "or experiment.trace_dir (server=endpoint: a folder this machine can read)")
 
 
-async def _capture(cfg: K25Config, conn: Connection, out: Path) -> tuple[float, float, float]:
+def unprofiled_tpot(records: list[dict]) -> dict[str, float]:
+    """The profiled level's requests sent once more without the profiler, on this server
+    start: the mean of their TPOTs (client clock, ms) and how many. Beside the macro's TPOT it
+    tells this server start's own speed from the profiler's slowdown (the report's
+    reconciliation): two starts of one server can differ by a third on a 2-core machine."""
+    t = [r["tpot_s"] * 1e3 for r in records if r.get("ok") and r.get("tpot_s")]
+    return {"unprofiled_tpot_ms_mean": statistics.fmean(t), "unprofiled_tpot_n": float(len(t))} \
+        if t else {}
+
+
+async def _capture(cfg: K25Config, conn: Connection, out: Path
+                   ) -> tuple[float, float, float, list[dict]]:
     exp: ProfileConfig = cfg.experiment
     tok_path = cfg.server.tokenizer or conn.info.get("model_path")
     if not tok_path:
@@ -195,6 +208,10 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path) -> tuple[float, 
             if exp.warmup:
                 await run_level(client, lambda i: prompt(1_000_000 + i), phase="warmup", level=0,
                                 n_requests=exp.warmup, **common)
+            # the level as it will be profiled, without the profiler (unprofiled_tpot)
+            plain = await run_level(client, lambda i: prompt(2_000_000 + i), phase="unprofiled",
+                                    level=exp.concurrency,
+                                    n_requests=max(exp.requests, exp.concurrency), **common)
             http = client.http
             since = time.time() - 1.0  # file mtimes have coarse resolution on some filesystems
             await _post(http, "/start_profile", 60.0)
@@ -210,7 +227,7 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path) -> tuple[float, 
         raise ProfileError(f"{len(failed)} of {len(res['records'])} profiled requests failed: "
                            f"{failed[0].get('error')}")
     log.info("profile window %.1f s, /stop_profile %.1f s", window_s, stop_s)
-    return window_s, stop_s, since
+    return window_s, stop_s, since, plain["records"]
 
 
 async def _post(http: httpx.AsyncClient, path: str, timeout_s: float) -> None:

@@ -36,6 +36,7 @@ LOGGED = {
     "recon.comm_server_burst_ms",
     "recon.profiled_step_ms", "recon.tpot_ms", "recon.profiler_slowdown",
     "recon.prefill_us_per_token",  # the profile's prefill time per prompt token
+    "recon.profile_server_tpot_ms", "recon.server_start_pct",  # the profile's own server start
 }
 
 
@@ -53,6 +54,7 @@ def every_phase() -> Campaign:
         if r.phase == "profile":
             r.metrics["share_communication"] = 22.0
             r.metrics["server_burst_transport_ms"] = 1.5
+            r.metrics.update(unprofiled_tpot_ms_mean=11.0, unprofiled_tpot_n=4.0)
     a2a = run("all_to_all", 20, {"hardware.world_size": "2", "hardware.backend": "gloo"},
               {"knee_tokens_per_gpu": 4.0}, steps={"a2a_us": {1: 10.0, 2: 10.0, 4: 100.0}})
     ar = run("allreduce_sweep", 21, {"hardware.world_size": "2", "hardware.link_gbps": "10.0",

@@ -62,6 +62,14 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     assert rec.history["server_starts"] == {0: 1.0}
     assert "stop_profile_s" in rec.keys
     assert not rec.keys & {"tpot_ms_p50", "output_tok_s"}  # never reported
+    # the level once more without the profiler: its requests' mean TPOT, by hand from the JSONL
+    plain = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    plain = [r for r in plain if r["phase"] == "unprofiled"]
+    assert len(plain) == requests and all(r["ok"] for r in plain)
+    tpots = [(r["chunk_s"][-1] - r["chunk_s"][0]) / (r["usage"]["completion_tokens"] - 1) * 1e3
+             for r in plain]
+    assert metrics["unprofiled_tpot_n"] == len(plain)
+    assert metrics["unprofiled_tpot_ms_mean"] == pytest.approx(sum(tpots) / len(tpots), rel=1e-6)
 
 
 @pytest.mark.vllm
