@@ -96,6 +96,9 @@ TPOT_PRED_ERR_MAX = "tpot_pred_err_pct_max"  # max |error| over the macro levels
 # per macro level (step = concurrency)
 TPOT_PRED_MS = "tpot_pred_ms"
 TPOT_PRED_ERR = "tpot_pred_err_pct"
+# at a profiled level: against the TPOT of the profile's own server start without the
+# profiler (the parts' model without the spread between server starts)
+TPOT_PRED_ERR_SAME = "tpot_pred_err_same_server_pct"
 SCALEOUT_TPOT_PRED = "scaleout_tpot_pred_ms"      # TP N predicted from one rank (scale_out)
 SCALEOUT_TOK_S_PRED = "scaleout_output_tok_s_pred"  # concurrency / that TPOT
 SCALEOUT_COMM_PRED = "scaleout_collectives_ms_pred"  # the step's collectives at TP N in it

@@ -111,17 +111,20 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
             else sum(parts.values()) + rest + prefill
         row = [level, tpot, client.get(level), pred, parts["comm"], own, parts["gemm"],
                parts["moe"], rest, prefill]
+        same = per_c.get(level, {}).get("profile_server_tpot_ms")  # the profile's server start
+        err = err_same = None
         if pred is not None:
             err = (pred - tpot) / tpot * 100
             out[level] = {M.TPOT_PRED_MS: pred, M.TPOT_PRED_ERR: err}
-            row.append(err)
-        else:
-            row.append(None)
-        rows.append(row + ["; ".join(notes)])
+            if same:
+                err_same = (pred - same) / same * 100
+                out[level][M.TPOT_PRED_ERR_SAME] = err_same
+        rows.append(row + [err, err_same, "; ".join(notes)])
     sec.tables.append(Table("Predicted vs measured TPOT (ms)",
                             ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
                              "collectives", "nccl_burst", "GEMMs", "MoE", "uncovered (profile)",
-                             "prefills shared", "error %", "note"], rows,
+                             "prefills shared", "error %", "error vs profile's server %", "note"],
+                            rows,
                             "predicted = collectives burst + GEMMs + MoE layers (micro: in-stream "
                             "where timed so, else isolated) + " + ", ".join(from_profiles)
                             + ", the collectives' wait and the host time between steps "
@@ -131,7 +134,10 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
                                                f"(profiles' server_burst_transport_ms, {len(in_server)} "
                                                "profiled level(s)), the nccl_burst figure beside it; "
                                                if in_server else "the nccl_burst figure; ")
-                            + "parts assumed additive"
+                            + "parts assumed additive; error vs profile's server: against the "
+                            "TPOT of the profile's own server start without the profiler "
+                            "(profiled levels: the parts' model without the spread between "
+                            "server starts)"
                             + (f"; {ONE_RANK}" if micro.one_rank else "")))
     if out:
         worst = max(out, key=lambda k: abs(out[k][M.TPOT_PRED_ERR]))

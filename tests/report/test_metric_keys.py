@@ -27,7 +27,7 @@ LOGGED = {
     "spec_projected_speedup.draft_model_k_3_self_draft", "phases_missing", "figures_missing",
     "runs_refused", "tpot_pred_err_pct_max",
     # per macro level
-    "tpot_pred_ms", "tpot_pred_err_pct",
+    "tpot_pred_ms", "tpot_pred_err_pct", "tpot_pred_err_same_server_pct",
     # per profiled concurrency
     *(f"recon.{cat}_profile_ms" for cat in ("comm_allreduce", "comm_allgather", "gemm", "moe",
                                             "attention", "norm_activation", "memory", "other", "idle")),

@@ -284,6 +284,14 @@ def test_the_profiles_server_start_is_set_against_the_macros():
     assert per_c[1]["server_start_pct"] == pytest.approx((12.0 / 10.0 - 1) * 100)
     assert "12.000 ms TPOT (mean of 4 requests), +20.0 % against the macro's server" in sec.tables[0].note
     assert "server_start_pct" not in per_c[4] and "without the profiler" not in sec.tables[1].note
+    # the prediction at c = 1 (hand-computed as in test_tpot_is_predicted_at_every_macro_level)
+    # against that server start too; c = 4's profile has no such figure
+    psec, out = predict.predict(c, per_c)
+    pred1 = 1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + 0.58 * 12.0 + 1.7 + 0.4
+    assert out[1]["tpot_pred_err_same_server_pct"] == pytest.approx((pred1 - 12.0) / 12.0 * 100)
+    rows = {r[0]: r for r in psec.tables[0].rows}
+    assert rows[1][11] == pytest.approx((pred1 - 12.0) / 12.0 * 100) and rows[4][11] is None
+    assert "tpot_pred_err_same_server_pct" not in out[4]
 
 
 @pytest.mark.parametrize("part, metric", [("wait", "comm_wait_ms_per_step"),
