@@ -22,8 +22,10 @@ where the profiles timed it (server_burst_transport_ms, linear in c between prof
 concurrencies, held outside them): the same back-to-back ops, in the processes, threads and
 pinning the server runs them in. The nccl_burst figure (processes of its own) stands beside
 it; on vLLM's gloo path the two differed by up to ~50 % (docs/report.md). Without an
-in-server burst the nccl_burst figure is used and the note says so. Missing in means missing out: a part that a profile the level needs (the two around
-it, or the nearest) did not measure leaves the level without a prediction and without an
+in-server burst the nccl_burst figure is used and the note says so.
+
+Missing in means missing out: a part that a profile the level needs (the two around it, or
+the nearest) did not measure leaves the level without a prediction and without an
 error, and its note names the part; it is never counted as 0 ms. Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
 uncovered parts carry the profiler's own slowdown.

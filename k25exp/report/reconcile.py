@@ -294,7 +294,7 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
         if plain is not None:
             m["profile_server_tpot_ms"] = plain
             start_note = (f"; the profile's server without the profiler: {_f(plain)} ms TPOT "
-                          f"(mean of {plain_n:.0f} requests)")
+                          f"(mean of {_f(plain_n, 0)} requests)")
             if tpot:
                 m["server_start_pct"] = (plain / tpot - 1) * 100
                 start_note += (f", {m['server_start_pct']:+.1f} % against the macro's server "
