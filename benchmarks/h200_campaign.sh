@@ -6,6 +6,9 @@
 #   benchmarks/h200_campaign.sh kimi-macro     # one TP-8 rank of Kimi-K2.5 INT4, dummy weights
 #   benchmarks/h200_campaign.sh kimi-open      # the same rank, open loop 8/32/64 req/s
 #   benchmarks/h200_campaign.sh kimi-rest      # its profile (c = 1, 32, 128, 256), the GEMM phase
+#   benchmarks/h200_campaign.sh kimi-profile   # kimi-rest's profile alone, and then
+#   benchmarks/h200_campaign.sh kimi-gemm      # its GEMM phase alone (two calls, each well
+#                                              # inside a call's 10 minutes)
 #   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
 #   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
@@ -20,7 +23,7 @@
 #   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-skewed|kimi-bench|tiny|cuda-tests}
+stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-skewed|kimi-bench|tiny|cuda-tests}
 out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
 campaign=${K25_GPU_CAMPAIGN:-h200-kimi-rank}   # the uniform-routing rank's campaign id
 export PYTHON=${PYTHON:-python3}
@@ -37,12 +40,15 @@ case $stage in
     # open loop, one rate sweep (not part of the budget: it predicts closed-loop levels)
     K25EXP_CAMPAIGN=$campaign PHASES=macro ./multirun.sh "${common[@]}" "${kimi[@]}" \
       macro:experiment.load=open 'macro:experiment.request_rate=[8,32,64]' || true ;;
-  kimi-rest)
+  kimi-rest|kimi-profile|kimi-gemm)
     # the GEMM sweep reaches the highest macro concurrency (M and MoE tokens to 256); each
     # figure isolated (eager, L2 flushed) and in-stream (one CUDA graph, rotating copies)
     # (the profile reaches c = 256 too: a level without one holds its uncovered time at the
     # nearest profiled level, which read 19 % low at 256)
-    K25EXP_CAMPAIGN=$campaign PHASES="profile gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
+    phases="profile gemm"
+    [[ $stage == kimi-profile ]] && phases=profile
+    [[ $stage == kimi-gemm ]] && phases=gemm
+    K25EXP_CAMPAIGN=$campaign PHASES="$phases" ./multirun.sh "${common[@]}" "${kimi[@]}" \
       profile:experiment.concurrency=1,32,128,256 gemm:experiment.calls=50 \
       'gemm:experiment.kernels=[torch_bf16,marlin]' 'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
       'gemm:experiment.m_values=[1,2,4,8,16,32,64,128,256]' \
