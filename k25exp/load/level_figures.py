@@ -51,6 +51,16 @@ Per level (requests that failed count in `errors` only):
                    average (decode_prefills()). A closed loop of c requests in a steady state
                    approaches (c − 1) / output tokens; one that starts at once and ends in
                    waves shares fewer. Counted from the client's clock, not from latencies
+    decode_only_tpot_ms, prefill_shared_us_per_token, prefill_fit_n  what those prefills
+                   cost, measured without a profiler on the level's own server: the least
+                   squares line of each request's TPOT (ms) on its shared prompt tokens per
+                   decode step, weighted by its decode steps, over prefill_fit_n requests
+                   (decode_prefills()). The intercept is the TPOT of a decode step that shares
+                   no prefill; the slope, the marginal cost of one prompt token prefilled
+                   inside a decode step (µs). The weighted means lie on the line, so
+                   decode_only + slope × prefill_tokens_per_decode_step = the level's
+                   token-weighted mean TPOT. No slope where no request shared a prefill (then
+                   decode_only is that mean) or fewer than 3 requests decoded
 Percentiles are linear interpolation between order statistics (numpy's default).
 
 Long because every per-level figure's definition sits beside its code, in one place.
@@ -186,6 +196,7 @@ def decode_prefills(ok: Sequence[dict]) -> dict[str, float]:
     times = [t for t, _ in firsts]
     cum = np.concatenate([[0], np.cumsum([n for _, n in firsts])])
     steps = prefills = tokens = 0
+    fit: list[tuple[float, float, int]] = []  # per request: (shared tokens/step, TPOT ms, steps)
     for r in ok:
         n = r["output_tokens"] or 0
         if n < 2:
@@ -193,14 +204,32 @@ def decode_prefills(ok: Sequence[dict]) -> dict[str, float]:
         # strictly inside (first token, last token): the request's own first token is not
         lo = int(np.searchsorted(times, r["sent_s"] + r["ttft_s"], side="right"))
         hi = int(np.searchsorted(times, r["sent_s"] + r["e2e_s"], side="left"))
+        own = int(cum[hi] - cum[lo]) if hi > lo else 0
         if hi > lo:
             prefills += hi - lo
-            tokens += int(cum[hi] - cum[lo])
+            tokens += own
         steps += n - 1
+        fit.append((own / (n - 1), (r["e2e_s"] - r["ttft_s"]) / (n - 1) * 1e3, n - 1))
     if not steps:
         return {}
     return {"prefills_per_decode_step": prefills / steps,
-            "prefill_tokens_per_decode_step": tokens / steps}
+            "prefill_tokens_per_decode_step": tokens / steps, **_prefill_cost(fit)}
+
+
+def _prefill_cost(fit: list[tuple[float, float, int]]) -> dict[str, float]:
+    """decode_only_tpot_ms, prefill_shared_us_per_token, prefill_fit_n (module docstring)
+    from (shared tokens per step, TPOT ms, decode steps) per request."""
+    if len(fit) < 3:
+        return {}
+    x, y, w = (np.array(v, dtype=float) for v in zip(*fit))
+    xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+    sxx = float(np.sum(w * (x - xm) ** 2))
+    out = {"prefill_fit_n": float(len(fit))}
+    if sxx <= 0:  # no request shared a prefill (or all shared alike): no slope to fit
+        return {**out, "decode_only_tpot_ms": float(ym)} if xm == 0 else {}
+    slope = float(np.sum(w * (x - xm) * (y - ym))) / sxx
+    return {**out, "decode_only_tpot_ms": float(ym - slope * xm),
+            "prefill_shared_us_per_token": slope * 1e3}
 
 
 def send_lag_judged(m: dict) -> float:

@@ -10,11 +10,18 @@ time between two steps (the trace's median gap between consecutive decode steps)
 c between profiled concurrencies, the nearest profile's value outside them (said so per
 level). + the other requests' prefills a decode step shares: the macro level's
 prefill_tokens_per_decode_step (counted from its requests' send clock: prompt tokens whose
-prefill ended inside a request's decode, per decode step) × the profiles' prefill time per
-prompt token (their prefill steps' time / their context tokens, interpolated as above). The
-profile drives one wave of requests, so its decode steps hold no prefill; the macro's closed
-loop replaces each finished request, and those prefills run inside the steps TPOT counts
-(at c = 256 on one H200: a 37.6 ms decode step under a 45.8 ms TPOT).
+prefill ended inside a request's decode, per decode step) × what one such token costs inside a
+decode step. That cost is measured on the macro's own requests, without a profiler
+(prefill_shared_us_per_token: the slope of their TPOTs on their shared prompt tokens,
+k25exp.load.level_figures), so this part is measured, not predicted: the error is then the
+parts' error on the level's decode-only TPOT (the fit's intercept, its own column). A level
+without that fit (a run older than it) takes the profiles' prefill time per prompt token
+(their prefill steps' time / their context tokens, interpolated as above), and says so: whole
+prefill steps under the profiler, not the marginal cost inside a decode step, so it reads
+high (one H200, Kimi rank: 48.6 µs at c = 256 against the macro's 29.8 µs). The profile
+drives one wave of requests, so its decode steps hold no prefill; the macro's closed loop
+replaces each finished request, and those prefills run inside the steps TPOT counts (at
+c = 256 on one H200: a 38.2 ms decode step under a 43.6 ms TPOT).
 
 On a CPU communicator whose ops return when done (gloo, shared memory: the budget takes the
 burst's transport), the collectives are the burst timed inside the server's own TP workers
@@ -28,7 +35,10 @@ Missing in means missing out: a part that a profile the level needs (the two aro
 the nearest) did not measure leaves the level without a prediction and without an
 error, and its note names the part; it is never counted as 0 ms. Additivity is assumed: the
 parts run one after another. The profile's overlap_share says how far that is off, and the
-uncovered parts carry the profiler's own slowdown.
+uncovered parts carry the profiler's own slowdown, less what the profile measured of it: its
+level sent without the profiler on the same server start (unprofiled_decode_only_tpot_ms)
+gives the profiler's overhead per step (reconcile's profiler_overhead_ms), taken out of idle
+(host time the profiler's callbacks add shows there, not in the kernels), never below 0.
 
 The GEMMs and MoE layers are timed in-stream where the GEMM run has that figure (K calls back
 to back in one CUDA graph ÷ K, as the server's graph runs them), else isolated; a level whose
@@ -66,11 +76,15 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     keys = {**{cat: f"{cat}_profile_ms" for cat in from_profiles}, "wait": "comm_wait_ms",
             "between_steps": "between_steps_ms"}
     uncovered = {part: {k: m.get(key) for k, m in per_c.items()} for part, key in keys.items()}
+    taken = _less_profiler_overhead(uncovered.get("idle", {}), per_c)
     rows = []
     tpots, tpot_src = tpot or engine_tpot(macro)
     client = macro.history("tpot_ms_p50")
     shared = macro.history("prefill_tokens_per_decode_step")
     per_token = {k: m.get("prefill_us_per_token") for k, m in per_c.items()}
+    fitted = {k: (v, macro.history("prefill_fit_n").get(k))  # the macro's own marginal cost
+              for k, v in macro.history("prefill_shared_us_per_token").items()}
+    decode_only = macro.history("decode_only_tpot_ms")
     in_server = _in_server_burst(per_c, micro)
     if micro.one_rank:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
@@ -101,7 +115,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
             rest += v
             if how:
                 held.add(how)
-        prefill, why_pf = _prefill_ms(shared.get(level), per_token, level)
+        prefill, why_pf = _prefill_ms(shared.get(level), per_token, level, fitted.get(level))
         if absent:
             notes.append(f"missing: {', '.join(absent)} (not in the profile(s) this level needs)")
             rest = None
@@ -111,8 +125,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
             notes.append("uncovered parts " + ", ".join(sorted(held)))
         pred = None if rest is None or prefill is None or any(v is None for v in parts.values()) \
             else sum(parts.values()) + rest + prefill
-        row = [level, tpot, client.get(level), pred, parts["comm"], own, parts["gemm"],
-               parts["moe"], rest, prefill]
+        row = [level, tpot, client.get(level), decode_only.get(level), pred, parts["comm"],
+               own, parts["gemm"], parts["moe"], rest, prefill]
         same = per_c.get(level, {}).get("profile_server_tpot_ms")  # the profile's server start
         err = err_same = None
         if pred is not None:
@@ -123,7 +137,8 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
                 out[level][M.TPOT_PRED_ERR_SAME] = err_same
         rows.append(row + [err, err_same, "; ".join(notes)])
     sec.tables.append(Table("Predicted vs measured TPOT (ms)",
-                            ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50", "predicted",
+                            ["concurrency", f"TPOT ({tpot_src})", "client TPOT p50",
+                             "decode-only TPOT (macro fit)", "predicted",
                              "collectives", "nccl_burst", "GEMMs", "MoE", "uncovered (profile)",
                              "prefills shared", "error %", "error vs profile's server %", "note"],
                             rows,
@@ -131,7 +146,10 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
                             "where timed so, else isolated) + " + ", ".join(from_profiles)
                             + ", the collectives' wait and the host time between steps "
                             "from the profiles + prefills shared (the macro level's prompt tokens "
-                            "prefilled per decode step × the profiles' prefill µs per token); "
+                            "prefilled per decode step × their marginal cost, measured on the "
+                            "macro's own requests: the slope of their TPOTs on their shared "
+                            "prompt tokens, whose intercept is the decode-only TPOT; without "
+                            "that fit, the profiles' prefill µs per token, said so per level); "
                             "collectives: " + ("the burst timed in the server's own TP workers "
                                                f"(profiles' server_burst_transport_ms, {len(in_server)} "
                                                "profiled level(s)), the nccl_burst figure beside it; "
@@ -140,6 +158,12 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
                             "TPOT of the profile's own server start without the profiler "
                             "(profiled levels: the parts' model without the spread between "
                             "server starts)"
+                            + ("; idle less the profiler's own overhead per step (profiled "
+                               "step + gap − the profile's server's decode-only TPOT without "
+                               "it), ms: " + ", ".join(f"c={k} {v:.3f}" for k, v in taken.items())
+                               if taken else "; the uncovered parts carry the profiler's own "
+                               "overhead (no profile measured a positive one against its level "
+                               "without the profiler)")
                             + (f"; {ONE_RANK}" if micro.one_rank else "")))
     if out:
         worst = max(out, key=lambda k: abs(out[k][M.TPOT_PRED_ERR]))
@@ -161,6 +185,22 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     return sec, out
 
 
+def _less_profiler_overhead(idle: dict[int, Optional[float]], per_c: dict[int, dict[str, float]]
+                            ) -> dict[int, float]:
+    """Takes the profiler's own overhead per step (reconcile's profiler_overhead_ms: the
+    profiled step + gap − the same server start's decode-only TPOT without the profiler) out
+    of each profile's idle, in place, never below 0: the profiler slows the host (its
+    callbacks), which a step shows as time no op covers, not as longer kernels. Returns the
+    ms taken per profiled concurrency."""
+    taken = {}
+    for k, v in idle.items():
+        over = per_c[k].get("profiler_overhead_ms")
+        if v is not None and over is not None and over > 0:
+            taken[k] = min(v, over)
+            idle[k] = v - taken[k]
+    return taken
+
+
 def _in_server_burst(per_c: dict[int, dict[str, float]], micro: Micro) -> dict[int, float]:
     """Per profiled concurrency, the step's collectives timed inside the server's own TP
     workers (ms, transport). Only where the budget takes the burst's transport (a CPU
@@ -170,21 +210,32 @@ def _in_server_burst(per_c: dict[int, dict[str, float]], micro: Micro) -> dict[i
     return {k: m["comm_server_burst_ms"] for k, m in per_c.items() if "comm_server_burst_ms" in m}
 
 
-def _prefill_ms(tokens: Optional[float], per_token: dict[int, Optional[float]], level: int
+def _prefill_ms(tokens: Optional[float], per_token: dict[int, Optional[float]], level: int,
+                fitted: Optional[tuple[float, Optional[float]]] = None
                 ) -> tuple[Optional[float], str]:
     """The prefills a decode step of `level` shares, ms per step, and a note (module
-    docstring); None (the level gets no prediction) when a figure it needs is missing."""
+    docstring); None (the level gets no prediction) when a figure it needs is missing.
+    `fitted`: the macro level's own (prefill_shared_us_per_token, prefill_fit_n)."""
     if tokens is None:
         return None, ("missing: prefills shared (the macro run has no "
                       "prefill_tokens_per_decode_step: a run older than that figure)")
     if tokens == 0:
         return 0.0, ""
     known = {k: v for k, v in per_token.items() if v is not None}
-    if not known:
+    prof, how = _lerp(known, level) if known else (None, "")
+    beside = f"; the profiles' prefill steps: {prof:.2f} µs" if prof is not None else ""
+    if fitted is not None:
+        us, n = fitted
+        what = f"{us:.2f} µs (" if us >= 0 else f"0 µs (fit {us:.2f} µs: no cost above the noise; "
+        return tokens * max(us, 0.0) / 1e3, (
+            f"prefills shared: {tokens:.1f} prompt tokens per step × {what}measured: the "
+            f"macro level's own requests, least squares over n = {n or 0:.0f}{beside})")
+    if prof is None:
         return None, "missing: prefills shared (no profile of this campaign timed a prefill step)"
-    us, how = _lerp(known, level)
-    return tokens * us / 1e3, (f"prefills shared: {tokens:.1f} prompt tokens per step × "
-                               f"{us:.2f} µs" + (f" ({how})" if how else ""))
+    return tokens * prof / 1e3, (f"prefills shared: {tokens:.1f} prompt tokens per step × "
+                                 f"{prof:.2f} µs, the profiles' prefill steps (the macro run has "
+                                 "no prefill_shared_us_per_token: whole prefill steps under the "
+                                 "profiler, which read high)" + (f" ({how})" if how else ""))
 
 
 def _lerp(points: dict[int, Optional[float]], c: int) -> tuple[Optional[float], str]:

@@ -299,6 +299,12 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
                 m["server_start_pct"] = (plain / tpot - 1) * 100
                 start_note += (f", {m['server_start_pct']:+.1f} % against the macro's server "
                                "(another start of the same server: what no part explains)")
+        ref = p.metrics.get("unprofiled_decode_only_tpot_ms")  # that start's decode-only TPOT
+        if ref is not None and step and gap is not None:
+            m["profiler_overhead_ms"] = step + gap - ref
+            start_note += (f"; the profiler's overhead: {m['profiler_overhead_ms']:.3f} ms per "
+                           f"step (profiled step + gap − that start's decode-only TPOT without "
+                           f"it, {_f(ref)} ms)")
         per_c[k] = m
         sec.tables.append(Table(
             f"concurrency {k}: ms per decode step (profile run {p.short})",

@@ -71,6 +71,7 @@ LEVEL_METRICS = {  # logged at step = concurrency
     "mean_accepted_tokens", "mean_acceptance_length", "tokens_per_chunk",
     # the other requests' prefills a decode step shared (level_figures.decode_prefills)
     "prefills_per_decode_step", "prefill_tokens_per_decode_step",
+    "decode_only_tpot_ms", "prefill_shared_us_per_token", "prefill_fit_n",
 }
 
 

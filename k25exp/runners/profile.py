@@ -26,6 +26,7 @@ import httpx
 import orjson
 
 from k25exp.config.experiments import ProfileConfig, TraceBreakdownConfig
+from k25exp.config.experiments.serving import MIN_REQUESTS
 from k25exp.collectives.step import decode_step_ops
 from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
@@ -36,6 +37,7 @@ from k25exp.serving import collective_probe
 from k25exp.serving.answers import refuse_html
 from k25exp.serving.launch import probe_loaded
 from k25exp.load.client import CompletionClient, run_level
+from k25exp.load.level_figures import decode_prefills
 from k25exp.load.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError
 from k25exp.traces import analyze, summary_text, write_outputs
@@ -176,14 +178,27 @@ def _trace_dir(cfg: K25Config) -> Path:
                        "or experiment.trace_dir (server=endpoint: a folder this machine can read)")
 
 
+def reference_requests(exp: ProfileConfig) -> int:
+    """Requests of the level without the profiler: a closed loop as the macro sends a level
+    by default (max(MIN_REQUESTS, rounds × concurrency)), so it holds the same refills."""
+    return max(MIN_REQUESTS, exp.reference_rounds * exp.concurrency)
+
+
 def unprofiled_tpot(records: list[dict]) -> dict[str, float]:
-    """The profiled level's requests sent once more without the profiler, on this server
-    start: the mean of their TPOTs (client clock, ms) and how many. Beside the macro's TPOT it
-    tells this server start's own speed from the profiler's slowdown (the report's
-    reconciliation): two starts of one server can differ by a third on a 2-core machine."""
-    t = [r["tpot_s"] * 1e3 for r in records if r.get("ok") and r.get("tpot_s")]
-    return {"unprofiled_tpot_ms_mean": statistics.fmean(t), "unprofiled_tpot_n": float(len(t))} \
-        if t else {}
+    """The profiled level sent once more without the profiler, on this server start, as the
+    macro sends a level: the mean of its requests' TPOTs (client clock, ms), how many, and
+    its decode-only TPOT (level_figures' fit: the TPOT of a step that shares no prefill).
+    Beside the macro's TPOT it tells this server start's own speed from the profiler's
+    slowdown (the report's reconciliation): two starts of one server can differ by a third on
+    a 2-core machine."""
+    ok = [r for r in records if r.get("ok") and r.get("tpot_s")]
+    if not ok:
+        return {}
+    out = {"unprofiled_tpot_ms_mean": statistics.fmean(r["tpot_s"] * 1e3 for r in ok),
+           "unprofiled_tpot_n": float(len(ok))}
+    if "decode_only_tpot_ms" in (fit := decode_prefills(ok)):
+        out["unprofiled_decode_only_tpot_ms"] = fit["decode_only_tpot_ms"]
+    return out
 
 
 async def _capture(cfg: K25Config, conn: Connection, out: Path
@@ -209,10 +224,12 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path
             if exp.warmup:
                 await run_level(client, lambda i: prompt(1_000_000 + i), phase="warmup", level=0,
                                 n_requests=exp.warmup, **common)
-            # the level as it will be profiled, without the profiler (unprofiled_tpot)
-            plain = await run_level(client, lambda i: prompt(2_000_000 + i), phase="unprofiled",
-                                    level=exp.concurrency,
-                                    n_requests=max(exp.requests, exp.concurrency), **common)
+            # the level without the profiler, sent as the macro sends one (unprofiled_tpot)
+            plain = {"records": []}
+            if exp.reference_rounds:
+                plain = await run_level(client, lambda i: prompt(2_000_000 + i),
+                                        phase="unprofiled", level=exp.concurrency,
+                                        n_requests=reference_requests(exp), **common)
             http = client.http
             since = time.time() - 1.0  # file mtimes have coarse resolution on some filesystems
             await _post(http, "/start_profile", 60.0)

@@ -80,6 +80,31 @@ def test_prefills_a_decode_step_shares_are_counted_from_the_send_clock():
     assert decode_prefills([rec(0.0, 0.1, 0.1, 1, 9)]) == {}  # one token: no decode step
 
 
+def test_the_marginal_cost_of_a_shared_prefill_is_fitted_from_the_requests():
+    """Four requests whose TPOT is 10 ms + 0.05 ms per shared prompt token per step, by
+    construction. First tokens at 0.10 (A), 0.15 (B, 100 prompt tokens), 0.16 (C, 60) and
+    1.10 s (D). A decodes 0.100-0.208 s (10 steps) and shares B's and C's prefills: 16
+    tokens/step, TPOT 10.8 ms; B decodes 0.150-0.243 s (9 steps) and shares C's: 60/9 per
+    step; C and D (10 steps each) share none. Their weighted least squares line is that line:
+    intercept 10 ms, slope 50 µs, n = 4."""
+    def rec(first: float, steps: int, shared_per_step: float, prompt: int) -> dict:
+        tpot_s = (10.0 + 0.05 * shared_per_step) / 1e3
+        return {"ok": True, "sent_s": first - 0.1, "ttft_s": 0.1, "output_tokens": steps + 1,
+                "e2e_s": 0.1 + steps * tpot_s, "prompt_tokens": prompt}
+    recs = [rec(0.10, 10, 16, 10), rec(0.15, 9, 60 / 9, 100), rec(0.16, 10, 0, 60),
+            rec(1.10, 10, 0, 20)]
+    f = decode_prefills(recs)
+    assert f["prefill_tokens_per_decode_step"] == pytest.approx((160 + 60) / 39)
+    assert f["prefill_fit_n"] == 4
+    assert f["decode_only_tpot_ms"] == pytest.approx(10.0)
+    assert f["prefill_shared_us_per_token"] == pytest.approx(50.0)
+    # nobody shared a prefill: no slope, the decode-only TPOT is their mean
+    lone = [{**rec(1.0 * i, 10, 0, 50), "e2e_s": 0.1 + 10 * 0.012} for i in range(3)]
+    g = decode_prefills(lone)
+    assert g["decode_only_tpot_ms"] == pytest.approx(12.0) and "prefill_shared_us_per_token" not in g
+    assert "decode_only_tpot_ms" not in decode_prefills(lone[:2])  # under 3 requests: no fit
+
+
 def test_figures_follow_vllm_definitions():
     # two requests with known chunk times (s after sending) and token counts
     a = finish({"status": 200, "done": True, "chunk_s": [0.10, 0.12, 0.15, 0.16],

@@ -104,7 +104,7 @@ def test_one_rank_tpot_is_predicted_at_every_macro_level():
         assert out[k]["tpot_pred_ms"] == pytest.approx(want), k
         assert out[k]["tpot_pred_err_pct"] == pytest.approx((want - tpot[k]) / tpot[k] * 100)
     rows = {r[0]: r for r in sec.tables[0].rows}
-    assert all(rows[k][4] == 0.0 for k in LEVELS)  # the collectives column
+    assert all(rows[k][5] == 0.0 for k in LEVELS)  # the collectives column
     # above the highest profile the uncovered parts are held there, and each level says so
     assert "held at c=32" in rows[128][-1] and "held at c=32" in rows[256][-1]
     assert "held" not in rows[8][-1] and "missing" not in " ".join(r[-1] for r in rows.values())

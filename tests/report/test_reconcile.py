@@ -207,8 +207,8 @@ def test_tpot_is_predicted_at_every_macro_level():
     assert out[8]["tpot_pred_ms"] == pytest.approx(pred8)
     rows = {r[0]: r for r in sec.tables[0].rows}
     assert "held at c=4" in rows[8][-1]
-    assert rows[1][9] == 0.0 and rows[8][9] == pytest.approx(0.28)  # the prefills column, ms
-    assert rows[1][5] == rows[1][4] == 1.0  # collectives: the nccl_burst figure, also beside
+    assert rows[1][10] == 0.0 and rows[8][10] == pytest.approx(0.28)  # the prefills column, ms
+    assert rows[1][6] == rows[1][5] == 1.0  # collectives: the nccl_burst figure, also beside
     # c = 4: micro log-log between tokens 1 and 8 (× 4^(1/3) … = 2^(2/3)); uncovered at c = 4
     g = 2 ** (2 / 3)
     pred4 = 1.0 * g + 21 * 10.0 * g / 1e3 + 2 * 50.0 * g / 1e3 + unc4 + 12 * 10.0 / 1e3
@@ -290,7 +290,7 @@ def test_the_profiles_server_start_is_set_against_the_macros():
     pred1 = 1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + 0.58 * 12.0 + 1.7 + 0.4
     assert out[1]["tpot_pred_err_same_server_pct"] == pytest.approx((pred1 - 12.0) / 12.0 * 100)
     rows = {r[0]: r for r in psec.tables[0].rows}
-    assert rows[1][11] == pytest.approx((pred1 - 12.0) / 12.0 * 100) and rows[4][11] is None
+    assert rows[1][12] == pytest.approx((pred1 - 12.0) / 12.0 * 100) and rows[4][12] is None
     assert "tpot_pred_err_same_server_pct" not in out[4]
 
 
@@ -309,7 +309,7 @@ def test_a_level_missing_an_uncovered_part_gets_no_prediction(part, metric):
     # taken from c = 4, where it is missing: nothing predicted, and the note names it
     assert sorted(out) == [1]
     for level in (2, 4, 8):
-        assert rows[level][3] is None and rows[level][10] is None  # predicted, error %
+        assert rows[level][4] is None and rows[level][11] is None  # predicted, error %
         assert f"missing: {part}" in rows[level][-1]
     unc1 = 0.58 * 12.0 + 1.7 + 0.4
     assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
@@ -332,6 +332,62 @@ def test_prefills_shared_need_the_macros_count_and_a_profiles_cost():
     sec, out = predict.predict(c, per_c)
     assert sorted(out) == [1]
     assert "no profile of this campaign timed a prefill step" in {r[0]: r for r in sec.tables[0].rows}[4][-1]
+
+
+def test_the_macros_own_marginal_prefill_cost_prices_the_prefills_shared():
+    """A macro run with its own fit (level_figures: prefill_shared_us_per_token over
+    prefill_fit_n requests, decode_only_tpot_ms) prices the prefills a step shares with it,
+    not the profiles' prefill steps: at c = 2, 4 tokens × 30 µs; at 4 the fit is negative
+    (−5 µs, noise), so 0; at 8, 28 × 12 µs. The decode-only TPOT has its column."""
+    c = campaign()
+    macro = next(r for r in c.runs if r.phase == "macro")
+    macro.steps.update({"prefill_shared_us_per_token": {2: 30.0, 4: -5.0, 8: 12.0},
+                        "prefill_fit_n": {2: 8.0, 4: 16.0, 8: 32.0},
+                        "decode_only_tpot_ms": {1: 10.0, 2: 10.9, 4: 12.1, 8: 15.7}})
+    _, per_c = reconcile.reconcile(c)
+    sec, out = predict.predict(c, per_c)
+    rows = {r[0]: r for r in sec.tables[0].rows}
+    assert [rows[k][10] for k in (1, 2, 4, 8)] == pytest.approx([0.0, 0.12, 0.0, 0.336])
+    assert [rows[k][3] for k in (1, 2, 4, 8)] == [10.0, 10.9, 12.1, 15.7]
+    assert "× 30.00 µs (measured: the macro level's own requests, least squares over n = 8; " \
+           "the profiles' prefill steps: 16.67 µs)" in rows[2][-1]
+    assert "× 0 µs (fit -5.00 µs: no cost above the noise; measured: " in rows[4][-1]
+    # the prediction at c = 8 (as in test_tpot_is_predicted_at_every_macro_level) with 28 × 12 µs
+    pred8 = 2.0 + 21 * 20.0 / 1e3 + 2 * 100.0 / 1e3 + 0.58 * 16.0 + 1.7 + 0.4 + 28 * 12.0 / 1e3
+    assert out[8]["tpot_pred_ms"] == pytest.approx(pred8)
+    # without a profile's prefill cost, the macro's fit alone still prices every level
+    for r in c.runs:
+        if r.phase == "profile":
+            del r.metrics["prefill_us_per_token"]
+    _, per_c = reconcile.reconcile(c)
+    _, out = predict.predict(c, per_c)
+    assert sorted(out) == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("ref, taken", [(11.4, 1.0),    # overhead 12 + 0.4 − 11.4 = 1 ms
+                                        (9.0, 2.4),     # 3.4 ms, but idle holds 20 % × 12
+                                        (12.9, None)])  # − 0.5 ms: nothing to take out
+def test_the_profilers_overhead_measured_on_its_server_is_taken_out_of_idle(ref, taken):
+    """The c = 1 profile's level without the profiler has a decode-only TPOT `ref`: the
+    profiler's overhead per step is its step (12 ms) + gap (0.4) − ref, taken out of that
+    profile's idle (2.4 ms), never below 0; c = 4's profile has none, so its idle stays."""
+    c = campaign()
+    for r in c.runs:
+        if r.phase == "profile" and r.param("experiment.concurrency", int) == 1:
+            r.metrics["unprofiled_decode_only_tpot_ms"] = ref
+    sec_r, per_c = reconcile.reconcile(c)
+    assert per_c[1]["profiler_overhead_ms"] == pytest.approx(12.4 - ref)
+    assert "profiler_overhead_ms" not in per_c[4]
+    sec, out = predict.predict(c, per_c)
+    unc1 = 0.58 * 12.0 + 1.7 + 0.4 - (taken or 0.0)
+    assert out[1]["tpot_pred_ms"] == pytest.approx(1.0 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
+    pred8 = 2.0 + 21 * 20.0 / 1e3 + 2 * 100.0 / 1e3 + 0.58 * 16.0 + 1.7 + 0.4 + 28 * 10.0 / 1e3
+    assert out[8]["tpot_pred_ms"] == pytest.approx(pred8)  # held at c = 4: untouched
+    note = sec.tables[0].note
+    if taken:
+        assert "idle less the profiler's own overhead per step" in note and f"c=1 {taken:.3f}" in note
+    else:
+        assert "the uncovered parts carry the profiler's own overhead" in note
 
 
 def test_a_burst_split_at_each_ops_last_arrival_is_budgeted_with_its_transport():
@@ -365,10 +421,10 @@ def test_the_burst_timed_in_the_servers_workers_is_the_predictions_collectives()
     unc1 = 0.58 * 12.0 + 1.7 + 0.4
     assert out[1]["tpot_pred_ms"] == pytest.approx(0.8 + 21 * 10.0 / 1e3 + 2 * 50.0 / 1e3 + unc1)
     rows = {r[0]: r for r in sec.tables[0].rows}
-    assert rows[1][4] == pytest.approx(0.8) and rows[4][4] == pytest.approx(1.4)
-    assert rows[2][4] == pytest.approx(0.8 + (1.4 - 0.8) / 3)  # linear in c between 1 and 4
-    assert rows[8][4] == pytest.approx(1.4) and "collectives: in-server burst held at c=4" in rows[8][-1]
-    assert rows[1][5] == pytest.approx(0.6) and rows[8][5] == pytest.approx(1.2)  # nccl_burst beside
+    assert rows[1][5] == pytest.approx(0.8) and rows[4][5] == pytest.approx(1.4)
+    assert rows[2][5] == pytest.approx(0.8 + (1.4 - 0.8) / 3)  # linear in c between 1 and 4
+    assert rows[8][5] == pytest.approx(1.4) and "collectives: in-server burst held at c=4" in rows[8][-1]
+    assert rows[1][6] == pytest.approx(0.6) and rows[8][6] == pytest.approx(1.2)  # nccl_burst beside
     recon1 = {r[0]: r for r in sec_r.tables[0].rows}["communication (in-server burst)"]
     assert recon1[1:4] == pytest.approx([0.8, 0.5, 0.3])
     assert "2 profiled level(s)" in sec.tables[0].note

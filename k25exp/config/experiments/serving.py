@@ -49,6 +49,9 @@ class MacroFaultConfig:
 # One request shape for the macro and the profile: the report predicts the macro's TPOT from
 # the profile's decode step, and a step's attention and KV reads grow with its context.
 INPUT_TOKENS, OUTPUT_TOKENS = 128, 64
+# A closed-loop level's requests: max(MIN_REQUESTS, ROUNDS × concurrency) (the profile's
+# level without the profiler is sent the same way, so the report sets like against like).
+ROUNDS, MIN_REQUESTS = 4, 8
 
 
 @experiment
@@ -108,8 +111,8 @@ class MacroConfig(Registered):
     # or, when duration_s is set, every request due within that time of the level's start
     # (sent even when the client is late: its lateness is lag_ms).
     requests: Optional[int] = None
-    rounds: int = 4
-    min_requests: int = 8
+    rounds: int = ROUNDS
+    min_requests: int = MIN_REQUESTS
     duration_s: Optional[float] = None
     # Each sweep level run this many times back to back (fresh prompts, the prefix cache reset
     # before each when reset_prefix_cache; open loop: the same drawn arrival schedule each

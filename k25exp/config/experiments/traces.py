@@ -10,7 +10,8 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import ExperimentBase, experiment, positive
-from k25exp.config.experiments.serving import INPUT_TOKENS, OUTPUT_TOKENS, served_model_problems
+from k25exp.config.experiments.serving import (INPUT_TOKENS, MIN_REQUESTS, OUTPUT_TOKENS, ROUNDS,
+                                               served_model_problems)
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -44,6 +45,10 @@ class ProfileConfig(ExperimentBase):
     input_tokens: int = INPUT_TOKENS  # prompt length of the profiled requests
     output_tokens: int = OUTPUT_TOKENS  # tokens each generates (at least 2: the decode steps)
     temperature: float = 0.0  # sampling temperature (0 = greedy)
+    # The level without the profiler first (this server start's own speed, unprofiled_tpot_*):
+    # a closed loop of max(8, reference_rounds × concurrency) requests, as the macro sends a
+    # level by default, so its TPOT holds the same refill prefills as the macro's; 0 = off.
+    reference_rounds: int = ROUNDS
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     # /stop_profile blocks while every rank flushes its trace (minutes with stack capture).
     stop_timeout_s: float = 900.0
@@ -63,6 +68,9 @@ class ProfileConfig(ExperimentBase):
         super().check(cfg, problems)
         positive(self, "experiment", ["requests", "concurrency", "input_tokens", "stop_timeout_s",
                                       "top_kernels"], problems)
+        if self.reference_rounds < 0:
+            problems.append(f"experiment.reference_rounds={self.reference_rounds}: expected >= 0 "
+                            "(0 = no level without the profiler)")
         if self.server_burst_reps < 0:
             problems.append(f"experiment.server_burst_reps={self.server_burst_reps}: expected >= 0 "
                             "(0 = no in-server burst)")

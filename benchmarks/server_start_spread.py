@@ -1,0 +1,188 @@
+"""How much two starts of the same vLLM server differ, and where each start's processes ran.
+
+    python -m benchmarks.server_start_spread [--starts 5] [--concurrency 1] [--requests 16] \
+        [--out DIR] [OVERRIDE ...]          # Hydra overrides, e.g. hardware.vllm_cpu_isa=avx2
+
+Each start: the server launched as a k25exp job launches it (k25exp.serving, the macro's
+launch key), one closed-loop level of the macro runner (k25exp.runners.macro.run, tracking
+left out: 128 in / 64 out, greedy, warm-up first), then the server is stopped. While the level
+runs (from the server's first healthy answer), every thread of the server's process tree
+is sampled every --sample-ms (20 ms; 0 = not sampled: the sampler runs in the client's
+process, on the cores it measures) from /proc
+(/proc/<pid>/task/<tid>/stat: the CPU it last ran on, its user + system time), so each
+process's CPU seconds during the level are split by the CPU they ran on.
+
+Prints one row per start (client TPOT p50, the server's mean TPOT, CPU seconds of each process
+kind by CPU) and the spread of the TPOTs (min, median, max, (max - min) / median): the part of
+a cross-start comparison (the report's macro vs profile) that no part of the step explains.
+Writes results.json to --out. Linux only (reads /proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import psutil
+from hydra import compose, initialize_config_dir
+
+from k25exp.config import register_configs
+from k25exp.config.store import project_root
+from k25exp.config.validate import to_typed
+from k25exp.runners import macro
+from k25exp.serving import registry, server
+from k25exp.tracking import MemoryRecorder
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def kind(p: psutil.Process) -> str:
+    """A process's role in vLLM's tree, from its title (vLLM sets VLLM::EngineCore etc.)."""
+    try:
+        name = " ".join(p.cmdline()[:3]) or p.name()
+    except psutil.Error:
+        return "?"
+    for key, label in (("EngineCore", "engine_core"), ("Worker_TP", "worker"),
+                       ("VllmWorker", "worker"), ("api_server", "api_server"),
+                       ("resource_tracker", "helper")):
+        if key in name:
+            if label == "worker":
+                tp = name.split("Worker_TP")[-1][:1] if "Worker_TP" in name else "?"
+                return f"worker_tp{tp}"
+            return label
+    return p.name()
+
+
+def thread_stats(pid: int) -> dict[int, tuple[int, float]]:
+    """{tid: (cpu last run on, user + system seconds)} of one process's threads."""
+    out = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(tid)] = (int(fields[36]), (int(fields[11]) + int(fields[12])) / TICK)
+            except (OSError, IndexError, ValueError):
+                continue
+    except OSError:
+        pass
+    return out
+
+
+class Sampler(threading.Thread):
+    """CPU seconds per (process kind, CPU) of a process tree while it runs (module docstring)."""
+
+    def __init__(self, root: int, every_s: float = 0.02):
+        super().__init__(daemon=True)
+        self.root, self.every_s = root, every_s
+        self.stop_ev = threading.Event()
+        self.secs: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+        self.affinity: dict[str, list[int]] = {}
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            r = psutil.Process(self.root)
+            return [r, *r.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def run(self) -> None:
+        last: dict[tuple[int, int], float] = {}
+        kinds: dict[int, str] = {}
+        while not self.stop_ev.is_set():
+            for p in self.tree():
+                k = kinds.setdefault(p.pid, kind(p))
+                if k not in self.affinity:
+                    try:
+                        self.affinity[k] = sorted(p.cpu_affinity())
+                    except psutil.Error:
+                        pass
+                for tid, (cpu, s) in thread_stats(p.pid).items():
+                    prev = last.get((p.pid, tid))
+                    if prev is not None and s > prev:
+                        self.secs[k][cpu] += s - prev
+                    last[(p.pid, tid)] = s
+            time.sleep(self.every_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--starts", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--sample-ms", type=float, default=20.0,
+                    help="/proc sampling period; 0 = none (the sampler shares the client's "
+                         "process and so the cores it measures)")
+    ap.add_argument("--out", type=Path, default=Path("outputs/server_start_spread"))
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args(argv)
+    register_configs()
+    with initialize_config_dir(config_dir=str(project_root() / "conf"), version_base="1.3"):
+        cfg = to_typed(compose("config", overrides=["experiment=macro", *a.overrides]))
+    exp = replace(cfg.experiment, concurrency=[a.concurrency], requests=a.requests)
+    cfg = replace(cfg, experiment=exp)
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(a.starts):
+        folder = a.out / f"start{i}"
+        rec = MemoryRecorder()
+        sampler: Sampler | None = None
+
+        def watch() -> None:  # the sampler starts once the server is up (the level's start)
+            nonlocal sampler
+            while not registry._servers:
+                time.sleep(0.2)
+            srv = next(iter(registry._servers.values()))
+            while True:  # ready: the level (and its warm-up) starts now, the start-up is over
+                try:
+                    if srv.pid and httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200:
+                        break
+                except (httpx.HTTPError, RuntimeError):
+                    pass
+                time.sleep(0.2)
+            sampler = Sampler(srv.pid, a.sample_ms / 1e3)
+            sampler.start()
+
+        if a.sample_ms > 0:
+            threading.Thread(target=watch, daemon=True).start()
+        try:
+            macro.run(cfg, folder, rec)
+        finally:
+            if sampler is not None:
+                sampler.stop_ev.set()
+            server.stop_all()
+        step = macro.step_of(exp, a.concurrency)
+        row = {"start": i,
+               "tpot_ms_p50": rec.latest("tpot_ms_p50").get(step),
+               "server_tpot_ms_mean": rec.latest("server_tpot_ms_mean").get(step),
+               "requests": rec.latest("completed").get(step),
+               "cpu_s": {k: {str(c): round(s, 2) for c, s in sorted(v.items())}
+                         for k, v in (sampler.secs.items() if sampler else [])},
+               "affinity": sampler.affinity if sampler else {}}
+        rows.append(row)
+        print(f"start {i}: client TPOT p50 {row['tpot_ms_p50']:.2f} ms, server mean "
+              f"{row['server_tpot_ms_mean']:.2f} ms; CPU s by process and CPU: {row['cpu_s']}; "
+              f"affinity {row['affinity']}", flush=True)
+    t = [r["server_tpot_ms_mean"] for r in rows if r["server_tpot_ms_mean"]]
+    if t:
+        med = statistics.median(t)
+        print(f"server mean TPOT over {len(t)} starts: min {min(t):.2f}, median {med:.2f}, "
+              f"max {max(t):.2f} ms; (max - min) / median {100 * (max(t) - min(t)) / med:.1f} %")
+    (a.out / "results.json").write_text(json.dumps(
+        {"how": f"each start: the macro's launch key, one closed-loop level of the macro runner "
+                f"(c = {a.concurrency}, {a.requests} requests, 128 in / 64 out), then stopped; "
+                f"threads sampled every {a.sample_ms:g} ms from /proc once the server answered "
+                "/health (0: not sampled)", "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
