@@ -66,6 +66,9 @@ KNOWN = [
     ("aten::add", "cpu_op", "other"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", "kernel", "other"),
     ("aten::view", "cpu_op", "other"),
+    # torch.randint's kernel (vLLM's routing simulator, one H200): "uint4" is a vector type,
+    # not an INT4 GEMM; it was counted as gemm_quantized (2.1 % of the c = 1 step)
+    ("void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<unsigned int, 4, at::native::templates::cuda::random_from_to_kernel<at::CUDAGeneratorImpl*>(at::TensorIteratorBase&, unsigned long, long, at::CUDAGeneratorImpl*)::{lambda()#1}>(long, at::PhiloxCudaState, at::native::(anonymous namespace)::distribution_nullary_kernel<long, unsigned int, uint4, at::CUDAGeneratorImpl*>)", "kernel", "other"),
 ]
 
 
