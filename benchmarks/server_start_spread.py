@@ -1,11 +1,14 @@
 """How much two starts of the same vLLM server differ, and where each start's processes ran.
 
     python -m benchmarks.server_start_spread [--starts 5] [--concurrency 1] [--requests 16] \
-        [--out DIR] [OVERRIDE ...]          # Hydra overrides, e.g. hardware.vllm_cpu_isa=avx2
+        [--levels 1] [--gap-s 0] [--sample-ms 20] [--out DIR] [OVERRIDE ...]
+                                        # Hydra overrides, e.g. hardware.vllm_cpu_isa=avx2
 
 Each start: the server launched as a k25exp job launches it (k25exp.serving, the macro's
-launch key), one closed-loop level of the macro runner (k25exp.runners.macro.run, tracking
-left out: 128 in / 64 out, greedy, warm-up first), then the server is stopped. While the level
+launch key), --levels closed-loop levels of the macro runner --gap-s apart
+(k25exp.runners.macro.run, tracking left out: 128 in / 64 out, greedy, warm-up first), then
+the server is stopped. Several levels per start tell the spread between starts from the
+machine's own drift over the same minutes. While the level
 runs (from the server's first healthy answer), every thread of the server's process tree
 is sampled every --sample-ms (20 ms; 0 = not sampled: the sampler runs in the client's
 process, on the cores it measures) from /proc
@@ -118,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--levels", type=int, default=1,
+                    help="levels per start, --gap-s apart: the spread within a start, to set "
+                         "beside the spread between starts")
+    ap.add_argument("--gap-s", type=float, default=0.0)
     ap.add_argument("--sample-ms", type=float, default=20.0,
                     help="/proc sampling period; 0 = none (the sampler shares the client's "
                          "process and so the cores it measures)")
@@ -133,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i in range(a.starts):
         folder = a.out / f"start{i}"
-        rec = MemoryRecorder()
         sampler: Sampler | None = None
 
         def watch() -> None:  # the sampler starts once the server is up (the level's start)
@@ -153,32 +159,49 @@ def main(argv: list[str] | None = None) -> int:
 
         if a.sample_ms > 0:
             threading.Thread(target=watch, daemon=True).start()
+        step = macro.step_of(exp, a.concurrency)
+        levels: list[dict] = []
         try:
-            macro.run(cfg, folder, rec)
+            for j in range(a.levels):  # one server start: the registry reuses it (same key)
+                if j:
+                    time.sleep(a.gap_s)
+                rec = MemoryRecorder()
+                macro.run(cfg, folder / f"level{j}", rec)
+                levels.append({"tpot_ms_p50": rec.latest("tpot_ms_p50").get(step),
+                               "server_tpot_ms_mean": rec.latest("server_tpot_ms_mean").get(step),
+                               "requests": rec.latest("completed").get(step)})
         finally:
             if sampler is not None:
                 sampler.stop_ev.set()
             server.stop_all()
-        step = macro.step_of(exp, a.concurrency)
-        row = {"start": i,
-               "tpot_ms_p50": rec.latest("tpot_ms_p50").get(step),
-               "server_tpot_ms_mean": rec.latest("server_tpot_ms_mean").get(step),
-               "requests": rec.latest("completed").get(step),
+        srv = [v["server_tpot_ms_mean"] for v in levels if v["server_tpot_ms_mean"]]
+        row = {"start": i, "levels": levels,
+               "tpot_ms_p50": statistics.fmean(v["tpot_ms_p50"] for v in levels),
+               "server_tpot_ms_mean": statistics.fmean(srv) if srv else None,
+               "within_start_range_pct": 100 * (max(srv) - min(srv)) / statistics.fmean(srv)
+               if len(srv) > 1 else None,
                "cpu_s": {k: {str(c): round(s, 2) for c, s in sorted(v.items())}
                          for k, v in (sampler.secs.items() if sampler else [])},
                "affinity": sampler.affinity if sampler else {}}
         rows.append(row)
         print(f"start {i}: client TPOT p50 {row['tpot_ms_p50']:.2f} ms, server mean "
-              f"{row['server_tpot_ms_mean']:.2f} ms; CPU s by process and CPU: {row['cpu_s']}; "
-              f"affinity {row['affinity']}", flush=True)
+              f"{row['server_tpot_ms_mean']:.2f} ms"
+              + (f" (levels: {', '.join(f'{x:.2f}' for x in srv)})" if len(srv) > 1 else "")
+              + f"; CPU s by process and CPU: {row['cpu_s']}; affinity {row['affinity']}",
+              flush=True)
     t = [r["server_tpot_ms_mean"] for r in rows if r["server_tpot_ms_mean"]]
     if t:
         med = statistics.median(t)
         print(f"server mean TPOT over {len(t)} starts: min {min(t):.2f}, median {med:.2f}, "
               f"max {max(t):.2f} ms; (max - min) / median {100 * (max(t) - min(t)) / med:.1f} %")
+    w = [r["within_start_range_pct"] for r in rows if r["within_start_range_pct"] is not None]
+    if w:
+        print(f"within one start ({a.levels} levels, {a.gap_s:g} s apart): (max - min) / mean "
+              f"median {statistics.median(w):.1f} %, max {max(w):.1f} % over {len(w)} starts")
     (a.out / "results.json").write_text(json.dumps(
-        {"how": f"each start: the macro's launch key, one closed-loop level of the macro runner "
-                f"(c = {a.concurrency}, {a.requests} requests, 128 in / 64 out), then stopped; "
+        {"how": f"each start: the macro's launch key, {a.levels} closed-loop level(s) of the "
+                f"macro runner {a.gap_s:g} s apart (c = {a.concurrency}, {a.requests} requests, "
+                "128 in / 64 out), then stopped; "
                 f"threads sampled every {a.sample_ms:g} ms from /proc once the server answered "
                 "/health (0: not sampled)", "rows": rows}, indent=1))
     return 0
