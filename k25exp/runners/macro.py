@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import time
 from contextlib import closing
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from k25exp.config.experiments import MacroConfig
+from k25exp.config.experiments.serving import level_requests
 from k25exp.config.schema import K25Config
 from k25exp.runners.macro_phases import Phases, completed, max_in_flight
 from k25exp.runners.macro_results import finish, row
@@ -114,7 +114,7 @@ def requests_for(exp: MacroConfig, c: float) -> int:
     workers, or `rounds` seconds of the open loop's arrivals; at least min_requests."""
     if exp.requests is not None:
         return exp.requests
-    return max(exp.min_requests, math.ceil(exp.rounds * c))
+    return level_requests(exp.rounds, c, exp.min_requests)
 
 
 def sweep_levels(exp: MacroConfig) -> list:

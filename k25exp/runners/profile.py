@@ -26,7 +26,7 @@ import httpx
 import orjson
 
 from k25exp.config.experiments import ProfileConfig, TraceBreakdownConfig
-from k25exp.config.experiments.serving import MIN_REQUESTS
+from k25exp.config.experiments.serving import level_requests
 from k25exp.collectives.step import decode_step_ops
 from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
@@ -178,12 +178,6 @@ def _trace_dir(cfg: K25Config) -> Path:
                        "or experiment.trace_dir (server=endpoint: a folder this machine can read)")
 
 
-def reference_requests(exp: ProfileConfig) -> int:
-    """Requests of the level without the profiler: a closed loop as the macro sends a level
-    by default (max(MIN_REQUESTS, rounds × concurrency)), so it holds the same refills."""
-    return max(MIN_REQUESTS, exp.reference_rounds * exp.concurrency)
-
-
 def unprofiled_tpot(records: list[dict]) -> dict[str, float]:
     """The profiled level sent once more without the profiler, on this server start, as the
     macro sends a level: the mean of its requests' TPOTs (client clock, ms), how many, and
@@ -229,7 +223,8 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path
             if exp.reference_rounds:
                 plain = await run_level(client, lambda i: prompt(2_000_000 + i),
                                         phase="unprofiled", level=exp.concurrency,
-                                        n_requests=reference_requests(exp), **common)
+                                        n_requests=level_requests(exp.reference_rounds,
+                                                                  exp.concurrency), **common)
             http = client.http
             since = time.time() - 1.0  # file mtimes have coarse resolution on some filesystems
             await _post(http, "/start_profile", 60.0)

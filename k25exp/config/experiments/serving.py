@@ -7,6 +7,7 @@ Long because three schemas share the macro client's fields and each carries its 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
 
@@ -52,6 +53,12 @@ INPUT_TOKENS, OUTPUT_TOKENS = 128, 64
 # A closed-loop level's requests: max(MIN_REQUESTS, ROUNDS × concurrency) (the profile's
 # level without the profiler is sent the same way, so the report sets like against like).
 ROUNDS, MIN_REQUESTS = 4, 8
+
+
+def level_requests(rounds: float, level: float, min_requests: int = MIN_REQUESTS) -> int:
+    """Requests a level is sent: `rounds` rounds of its `level` closed-loop workers (or
+    `rounds` seconds of an open loop's `level` req/s), at least min_requests."""
+    return max(min_requests, math.ceil(rounds * level))
 
 
 @experiment
