@@ -9,7 +9,7 @@ launch key), --levels closed-loop levels of the macro runner --gap-s apart
 (k25exp.runners.macro.run, tracking left out: 128 in / 64 out, greedy, warm-up first), then
 the server is stopped. Several levels per start tell the spread between starts from the
 machine's own drift over the same minutes. While the level
-runs (from the server's first healthy answer), every thread of the server's process tree
+runs (from the moment the server is ready), every thread of the server's process tree
 is sampled every --sample-ms (20 ms; 0 = not sampled: the sampler runs in the client's
 process, on the cores it measures) from /proc
 (/proc/<pid>/task/<tid>/stat: the CPU it last ran on, its user + system time), so each
@@ -33,7 +33,6 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import psutil
 from hydra import compose, initialize_config_dir
 
@@ -142,19 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         folder = a.out / f"start{i}"
         sampler: Sampler | None = None
 
-        def watch() -> None:  # the sampler starts once the server is up (the level's start)
+        def watch(before: int = len(registry.starts)) -> None:
+            """Starts the sampler once this start is ready (registry.starts records it then):
+            the level and its warm-up begin, the start-up is over."""
             nonlocal sampler
-            while not registry._servers:
+            while len(registry.starts) == before:
                 time.sleep(0.2)
-            srv = next(iter(registry._servers.values()))
-            while True:  # ready: the level (and its warm-up) starts now, the start-up is over
-                try:
-                    if srv.pid and httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200:
-                        break
-                except (httpx.HTTPError, RuntimeError):
-                    pass
-                time.sleep(0.2)
-            sampler = Sampler(srv.pid, a.sample_ms / 1e3)
+            sampler = Sampler(registry.starts[-1][2], a.sample_ms / 1e3)
             sampler.start()
 
         if a.sample_ms > 0:
@@ -202,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         {"how": f"each start: the macro's launch key, {a.levels} closed-loop level(s) of the "
                 f"macro runner {a.gap_s:g} s apart (c = {a.concurrency}, {a.requests} requests, "
                 "128 in / 64 out), then stopped; "
-                f"threads sampled every {a.sample_ms:g} ms from /proc once the server answered "
-                "/health (0: not sampled)", "rows": rows}, indent=1))
+                f"threads sampled every {a.sample_ms:g} ms from /proc once the server was ready "
+                "(0: not sampled)", "rows": rows}, indent=1))
     return 0
 
 
