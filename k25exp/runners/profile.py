@@ -2,12 +2,14 @@
 
 The server must run with vLLM's --profiler-config (conf/experiment/profile.yaml sets it; the
 server manager restarts a running server only if its settings differ). Steps:
-warm-up requests (outside the window) → the level once without the profiler (its mean TPOT,
-unprofiled_tpot_*: this server start's own speed, which the report sets against the macro's)
+warm-up requests (outside the window) → the level once without the profiler, sent as the
+macro sends a level (unprofiled_tpot_*: this server start's own speed, which the report sets
+against the macro's, and its decode-only TPOT, which gives the profiler's overhead)
 → POST /start_profile → `requests` decode requests at `concurrency` → POST /stop_profile
 (blocks while every rank flushes) → every trace written since the window opened is copied
 into the run (traces/) and analysed (k25exp.traces). The profiled requests' latencies are
-recorded (requests.jsonl) but never logged as figures: the profiler slows the server down. Then, on the idle server, the step's collectives at tokens =
+recorded (requests.jsonl) but never logged as figures: the profiler slows the server down.
+Then, on the idle server, the step's collectives at tokens =
 concurrency are timed inside its TP workers (server_burst_*, k25exp.serving.collective_probe):
 the same burst the nccl_burst phase times in processes of its own, so the report can tell
 where the two differ from how the server's step issues them.
