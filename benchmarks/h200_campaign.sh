@@ -9,6 +9,8 @@
 #   benchmarks/h200_campaign.sh kimi-profile   # kimi-rest's profile alone, and then
 #   benchmarks/h200_campaign.sh kimi-gemm      # its GEMM phase alone (two calls, each well
 #                                              # inside a call's 10 minutes)
+#   benchmarks/h200_campaign.sh kimi-spec      # n-gram speculative decoding on the rank, k = 3,
+#                                              # against its own baseline (one job, two starts)
 #   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
 #   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
@@ -23,7 +25,7 @@
 #   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-skewed|kimi-bench|tiny|cuda-tests}
+stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-skewed|kimi-bench|tiny|cuda-tests}
 out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
 campaign=${K25_GPU_CAMPAIGN:-h200-kimi-rank}   # the uniform-routing rank's campaign id
 export PYTHON=${PYTHON:-python3}
@@ -33,9 +35,11 @@ kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy model.rout
 
 case $stage in
   kimi-macro)
-    # closed loop c = 1 … 256, one server start (a cold Kimi rank takes ~6 min of the call)
+    # closed loop c = 1 … 256, one server start (a cold Kimi rank takes ~6 min of the call);
+    # c = 2 and 4 are the verification steps of draft lengths 1 and 3 (the report's
+    # speculative projection prices k drafted tokens at the TPOT of c = k + 1)
     K25EXP_CAMPAIGN=$campaign PHASES=macro ./multirun.sh "${common[@]}" "${kimi[@]}" \
-      'macro:experiment.concurrency=[1,8,32,128,256]' macro:experiment.load=closed || true ;;
+      'macro:experiment.concurrency=[1,2,4,8,32,128,256]' macro:experiment.load=closed || true ;;
   kimi-open)
     # open loop, one rate sweep (not part of the budget: it predicts closed-loop levels)
     K25EXP_CAMPAIGN=$campaign PHASES=macro ./multirun.sh "${common[@]}" "${kimi[@]}" \
@@ -50,9 +54,17 @@ case $stage in
     [[ $stage == kimi-gemm ]] && phases=gemm
     K25EXP_CAMPAIGN=$campaign PHASES="$phases" ./multirun.sh "${common[@]}" "${kimi[@]}" \
       profile:experiment.concurrency=1,32,128,256 gemm:experiment.calls=50 \
-      'gemm:experiment.kernels=[torch_bf16,marlin]' 'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
+      'gemm:experiment.kernels=[torch_bf16,vllm_linear,marlin]' \
+      'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
       'gemm:experiment.m_values=[1,2,4,8,16,32,64,128,256]' \
       'gemm:experiment.moe_batches=[1,8,32,128,256]' || true ;;
+  kimi-spec)
+    # vLLM's n-gram drafter (k = 3) on the rank, then the same server without it (a start the
+    # macro's compile cache serves). On dummy weights the acceptance is whatever the untrained
+    # model's repetitions give: the report sets the measured speedup against its projection at
+    # the run's own α_eff, so the figure checks the step cost, not a trained model's acceptance
+    K25EXP_CAMPAIGN=$campaign PHASES=spec_decode ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      spec_decode:spec=ngram 'spec_decode:experiment.concurrency=[1,8,32]' || true ;;
   kimi-skewed)
     # a campaign of its own: its figures never meet the uniform ones in one sum
     K25EXP_CAMPAIGN=h200-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \

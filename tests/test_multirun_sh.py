@@ -127,3 +127,18 @@ def test_a_dummy_weight_campaign_keeps_one_routing_in_the_phases_without_a_serve
     # macro routes uniformly on dummy weights by itself (k25exp.model.routing.effective)
     assert "server.load_format=dummy" in lines["macro"] and "model.routing" not in lines["macro"]
     assert "model.routing=uniform" in lines["gemm"] and "server." not in lines["gemm"]
+
+
+def test_h200_spec_stage_serves_the_rank_with_one_drafter(tmp_path):
+    """kimi-spec: spec_decode alone, on the served rank, n-gram only (the campaign sweep's
+    self-draft would be a second 71 GiB copy of the rank on one GPU)."""
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "K25_GPU_OUT": str(tmp_path / "out")}
+    p = subprocess.run(["benchmarks/h200_campaign.sh", "kimi-spec"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = _phase_lines(p.stdout)
+    assert set(lines) == {"spec_decode"}
+    line = lines["spec_decode"]
+    assert "spec=ngram" in line and "self_draft" not in line, line
+    assert "model=kimi_k25_int4 model.tp_rank_of=8" in line and "server.load_format=dummy" in line
+    assert "model.routing=uniform" in line and "server.enforce_eager=false" in line

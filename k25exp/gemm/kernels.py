@@ -238,19 +238,58 @@ class _Marlin:
         return packed_bytes(n, k, self.group_size, scale_bytes=2)
 
 
+# vLLM 0.26's CUDA paths for the bf16 GEMMs of a DeepseekV3 model (Kimi included): F.linear
+# (cuBLAS, what torch_bf16 times) except two layers it gives small-M kernels of their own,
+# both chosen by the weight's dims and the GPU, as vLLM chooses them:
+#  - the MoE gate (GateLinear, fused_moe/router/gate_linear.py): dsv3_router_gemm at
+#    M <= 16 on SM 9.0 (8 on SM 10.x) when (hidden, experts) is in GateLinear's DSV3 lists; its
+#    output is fp32 (Kimi's config sets no moe_router_dtype, so out_dtype is None and the op's
+#    torch.empty takes the default dtype); above that F.linear. (Its cuteDSL tier needs
+#    out_dtype fp32 and the CUTLASS DSL; its cuBLAS fp32-out tier needs out_dtype fp32 too.)
+#  - fused_qkv_a_proj (DeepSeekV2FusedQkvAProj, models/deepseek_v2.py): dsv3_fused_a_gemm at
+#    0 < M <= 16 for a [2112 x 7168] weight on SM 9.0 / 10.x; above that F.linear.
+# On an H200 (vLLM 0.26) the server's trace showed router_gemm_kernel_float_output (3.35 us)
+# and fused_a_gemm_kernel<1, 2112, 7168> (9.74 us) at M = 1 where cuBLAS took 7.28 / 12.86.
+FUSED_A_SHAPE = (2112, 7168)  # [n x k] of DeepSeekV2FusedQkvAProj's min-latency kernel
+SMALL_M = 16  # both kernels' largest M on SM 9.0
+
+
+def cuda_path(n: int, k: int, m: int, capability: tuple[int, int],
+              gate_dims: tuple[list[int], list[int], set] | None) -> str:
+    """Which kernel vLLM's server runs for a bf16 [n x k] weight at M rows on a GPU of this
+    compute capability: "dsv3_router_gemm", "dsv3_fused_a_gemm" or "F.linear".
+
+    gate_dims = GateLinear's (DSV3_SUPPORTED_NUM_EXPERTS, DSV3_SUPPORTED_HIDDEN_SIZES,
+    DSV3_UNSUPPORTED_SHAPES) as the installed vLLM defines them; None where it has none (a vLLM
+    without the DSV3 router kernel)."""
+    hopper, blackwell = capability == (9, 0), capability[0] == 10
+    if not (hopper or blackwell) or m <= 0:
+        return "F.linear"
+    if gate_dims is not None:
+        experts, hiddens, unsupported = gate_dims
+        if n in experts and k in hiddens and (k, n) not in unsupported \
+                and m <= (SMALL_M if hopper else 8):
+            return "dsv3_router_gemm"
+    if (n, k) == FUSED_A_SHAPE and m <= SMALL_M:
+        return "dsv3_fused_a_gemm"
+    return "F.linear"
+
+
 @dataclass(frozen=True)
 class _VllmLinear:
-    """vLLM's own dispatch of an unquantized linear layer (the path its server runs): on the
-    CPU build, `dispatch_cpu_unquantized_gemm` picks the sgl-kernel weight_packed_linear for
-    small weights or a oneDNN matmul handle, on the layer's weight as vLLM loads it."""
+    """vLLM's own dispatch of an unquantized linear layer (the path its server runs).
+
+    CPU build: `dispatch_cpu_unquantized_gemm` picks the sgl-kernel weight_packed_linear for
+    small weights or a oneDNN matmul handle, on the layer's weight as vLLM loads it.
+    CUDA build: F.linear, except the MoE gate and fused_qkv_a_proj at small M, which run
+    vLLM's own kernels (cuda_path says which; `path` names it per row of the results)."""
 
     name: str = "vllm_linear"
     quantized: bool = False
 
     def prepare(self, w_bf16: Tensor, qw: QuantizedWeight | None = None) -> GemmFn:
-        if w_bf16.device.type != "cpu":
-            raise KernelUnavailable("on CUDA vLLM's unquantized linear is torch's F.linear "
-                                    "(cuBLAS): torch_bf16 times that path")
+        if w_bf16.device.type == "cuda":
+            return self._prepare_cuda(w_bf16)
         try:
             from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
         except Exception as e:
@@ -260,12 +299,57 @@ class _VllmLinear:
         dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
         return lambda x: layer.cpu_linear(x, layer.weight, None)
 
+    def _prepare_cuda(self, w_bf16: Tensor) -> GemmFn:
+        ops, gate_dims = _vllm_cuda_ops()
+        w = w_bf16.to(torch.bfloat16).contiguous()
+        n, k = w.shape
+        cap = torch.cuda.get_device_capability(w.device)
+
+        def fn(x: Tensor) -> Tensor:
+            # chosen per call on the host, as vLLM's custom ops choose by num_tokens
+            path = cuda_path(n, k, x.shape[0], cap, gate_dims)
+            if path == "dsv3_router_gemm":
+                return ops.dsv3_router_gemm(hidden_states=x, router_weight=w,
+                                            output_dtype=torch.float32)
+            if path == "dsv3_fused_a_gemm":
+                y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+                ops.dsv3_fused_a_gemm(y, x, w.T)
+                return y
+            return F.linear(x, w)
+
+        return fn
+
+    def path(self, n: int, k: int, m: int, device: torch.device) -> str:
+        """The kernel this candidate runs for [n x k] at M on device (for the results' note)."""
+        if device.type != "cuda":
+            return "vLLM's CPU dispatch"
+        return cuda_path(n, k, m, torch.cuda.get_device_capability(device), _vllm_cuda_ops()[1])
+
     def weight_bytes(self, n: int, k: int) -> int:
         return n * k * 2
 
 
+def _vllm_cuda_ops():
+    """vLLM's CUDA ops module and GateLinear's DSV3 dims (None when this vLLM has none)."""
+    try:
+        from vllm import _custom_ops as ops
+        from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+    except Exception as e:  # no vLLM, or a build without its CUDA ops
+        raise KernelUnavailable(f"vLLM with CUDA is not importable: {type(e).__name__}: {e}") from None
+    dims = None
+    if hasattr(ops, "dsv3_router_gemm") and hasattr(GateLinear, "DSV3_SUPPORTED_NUM_EXPERTS"):
+        dims = (list(GateLinear.DSV3_SUPPORTED_NUM_EXPERTS),
+                list(GateLinear.DSV3_SUPPORTED_HIDDEN_SIZES),
+                set(getattr(GateLinear, "DSV3_UNSUPPORTED_SHAPES", ())))
+    if not hasattr(ops, "dsv3_fused_a_gemm"):
+        raise KernelUnavailable("this vLLM has no dsv3_fused_a_gemm: vllm_linear mirrors vLLM "
+                                "0.26's CUDA dispatch; time torch_bf16 (F.linear) instead")
+    return ops, dims
+
+
 def vllm_linear() -> Kernel:
-    """vLLM's CPU dispatch of an unquantized linear (weight_packed_linear or oneDNN)."""
+    """vLLM's dispatch of an unquantized linear: on CPU weight_packed_linear or oneDNN; on
+    CUDA F.linear, or vLLM's small-M kernels for the MoE gate and fused_qkv_a_proj."""
     return _VllmLinear()
 
 

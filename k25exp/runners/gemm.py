@@ -193,6 +193,12 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                         r.latency_us_instream = ti.median_us
                     rows.append(r)
                     rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
+                if hasattr(kernel, "path"):  # a dispatching candidate: what it ran, per M
+                    ran = paths(lambda m_: kernel.path(shape.n, shape.k, m_, device), ms)
+                    rec.set_tags({f"path.{label}.{name}": ran})
+                    for r in rows:
+                        if (r.shape, r.kernel, r.status) == (label, name, "ok"):
+                            r.note = ran
             _plot(out, label, shape, rows)
         rows += _moe_layer(cfg, device, rec, failures, keep)
     finally:
@@ -289,6 +295,18 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
             rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}
                             | {f"{label}/{name}/experts_touched": touched}, step=c)
     return rows
+
+
+def paths(path_of: Callable[[int], str], ms: list[int]) -> str:
+    """'A at M 1–16; B at M 32–256': the kernel a dispatching candidate ran, over runs of M."""
+    runs: list[list] = []
+    for m in sorted(ms):
+        p = path_of(m)
+        if runs and runs[-1][0] == p:
+            runs[-1][2] = m
+        else:
+            runs.append([p, m, m])
+    return "; ".join(f"{p} at M {a}" + (f"–{b}" if b != a else "") for p, a, b in runs)
 
 
 def _dense_instream(kernel, w: torch.Tensor, qw, x: torch.Tensor, exp: GemmConfig,

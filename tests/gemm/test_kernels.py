@@ -175,3 +175,74 @@ def test_vllms_own_cpu_linear_dispatch_matches_fp32():
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
             ok, err = check_correct(fn(x), x.float() @ w.float().T, 2e-2)
             assert ok, (n, k, m, err)
+
+
+# GateLinear's DSV3 lists as vLLM 0.26 writes them (experts, hidden sizes, unsupported pairs)
+DSV3 = ([256, 384], [7168, 6144], {(6144, 384)})
+
+
+@pytest.mark.parametrize("n,k,m,cap,want", [
+    (384, 7168, 1, (9, 0), "dsv3_router_gemm"),    # Kimi's gate at batch 1 on an H100/H200
+    (384, 7168, 16, (9, 0), "dsv3_router_gemm"),
+    (384, 7168, 17, (9, 0), "F.linear"),           # past the kernel's 16 rows
+    (384, 7168, 9, (10, 0), "F.linear"),           # SM 10.x stops at 8
+    (384, 7168, 8, (10, 0), "dsv3_router_gemm"),
+    (384, 6144, 1, (9, 0), "F.linear"),            # the one pair the kernel is not built for
+    (256, 6144, 1, (9, 0), "dsv3_router_gemm"),
+    (384, 7168, 1, (8, 0), "F.linear"),            # an A100 has neither kernel
+    (384, 7168, 1, (12, 0), "F.linear"),           # nor does SM 12.x
+    (2112, 7168, 1, (9, 0), "dsv3_fused_a_gemm"),  # fused_qkv_a_proj
+    (2112, 7168, 16, (10, 3), "dsv3_fused_a_gemm"),
+    (2112, 7168, 32, (9, 0), "F.linear"),
+    (2112, 4096, 1, (9, 0), "F.linear"),           # not the DeepSeek-V3 dims
+    (4096, 7168, 1, (9, 0), "F.linear"),
+])
+def test_cuda_path_is_vllms_dispatch(n, k, m, cap, want):
+    from k25exp.gemm.kernels import cuda_path
+
+    assert cuda_path(n, k, m, cap, DSV3) == want
+
+
+def test_cuda_path_without_the_router_kernel_is_linear_for_the_gate():
+    from k25exp.gemm.kernels import cuda_path
+
+    assert cuda_path(384, 7168, 1, (9, 0), None) == "F.linear"
+    assert cuda_path(2112, 7168, 1, (9, 0), None) == "dsv3_fused_a_gemm"
+
+
+def test_paths_groups_runs_of_m():
+    from k25exp.runners.gemm import paths
+
+    got = paths(lambda m: "a" if m <= 16 else "b", [32, 1, 2, 4, 8, 16, 256])
+    assert got == "a at M 1–16; b at M 32–256"
+    assert paths(lambda m: "a", [4]) == "a at M 4"
+    assert paths(lambda m: "b" if m == 2 else "a", [1, 2, 4]) == "a at M 1; b at M 2; a at M 4"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k", [(384, 7168), (2112, 7168)])
+def test_vllm_linear_cuda_runs_vllms_small_m_kernels(n, k):
+    """The gate's and fused_qkv_a_proj's own kernels are what vllm_linear runs at M <= 16 on
+    SM 9.0 (cuBLAS above), and they agree with fp32 (the router's output is fp32)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from k25exp.gemm.kernels import cuda_path, vllm_linear
+
+    w = random_weight(n, k, seed=3, device="cuda")
+    try:
+        fn = vllm_linear().prepare(w)
+    except KernelUnavailable as e:  # vLLM's CUDA build is optional: say why
+        pytest.xfail(str(e))
+    cap = torch.cuda.get_device_capability()
+    for m in (1, 16, 32):
+        x = activations(m, k, device="cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            y = fn(x)
+            torch.cuda.synchronize()
+        names = " ".join(e.name for e in prof.events())
+        ok, err = check_correct(y, x.float() @ w.float().T)
+        assert ok, (n, k, m, err)
+        want = cuda_path(n, k, m, cap, DSV3)
+        own = {"dsv3_router_gemm": "router_gemm", "dsv3_fused_a_gemm": "fused_a_gemm"}
+        for path, kernel_name in own.items():
+            assert (kernel_name in names) == (want == path), (m, want, names[:400])

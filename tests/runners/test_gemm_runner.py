@@ -159,3 +159,5 @@ def test_vllms_avx2_build_runs_the_fused_moe_and_linear_when_capped(k25):
     assert not any(k.startswith("skipped.") for k in tags), tags
     for fig in ("moe.tp2/vllm_fused_moe/max_rel_err", "expert_down.tp2/vllm_linear/max_rel_err"):
         assert 0 <= m[fig] <= 2e-2, fig
+    # what the dispatching candidate ran, per run of M
+    assert tags["path.expert_down.tp2.vllm_linear"] == "vLLM's CPU dispatch at M 1–4"
