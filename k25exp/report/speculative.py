@@ -199,7 +199,10 @@ def _measured_runs(sec: Section, specs: list[RunView], macro: Optional[RunView],
                                 "tokens/step = streamed tokens per chunk at batch 1; measured "
                                 "step = spec TPOT × tokens/step; projected step = macro TPOT at "
                                 "k+1 (+ k × TPOT for a self-draft); both speedups are over the "
-                                "run's own baseline"))
+                                "run's own baseline; the projected step keeps the baseline's "
+                                "scheduling: a server that turns async scheduling off for its "
+                                "drafter (vLLM 0.26 does for n-gram, its log says so) runs host "
+                                "work between steps that the projection does not price"))
     if what_if:
         sec.tables.append(Table("Speedup at other acceptance rates, at each run's measured step cost",
                                 ["setting"] + [f"α={a:g}" for a in alphas] + ["run"], what_if,
