@@ -167,6 +167,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     rows += [Row(label, shape.n, shape.k, name, m, "skipped", note=str(e)) for m in ms]
                     rec.set_tags({f"skipped.{name}": str(e)})
                     continue
+                ran = ""  # a dispatching candidate says what it runs, per M (its ok rows' note)
+                if hasattr(kernel, "path"):
+                    ran = paths(lambda m_: kernel.path(shape.n, shape.k, m_, device), ms)
+                    rec.set_tags({f"path.{label}.{name}": ran})
                 for m in ms:
                     x = xs[m]
                     ok, err = check_correct(fn(x), (x.float() @ refs[kernel.quantized].T), exp.rtol)
@@ -186,19 +190,13 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                         base[m] = lat
                     r = Row(label, shape.n, shape.k, name, m, "ok", lat, _p90(t), flops / lat / 1e6,
                             nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100,
-                            base[m] / lat if m in base else None, err)
+                            base[m] / lat if m in base else None, err, note=ran)
                     if device.type == "cuda" and exp.instream:
                         ti = _dense_instream(kernel, w, qw, x, exp, device)
                         keep(f"{label}/{name}", m, ti, "latency_us_instream")
                         r.latency_us_instream = ti.median_us
                     rows.append(r)
                     rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
-                if hasattr(kernel, "path"):  # a dispatching candidate: what it ran, per M
-                    ran = paths(lambda m_: kernel.path(shape.n, shape.k, m_, device), ms)
-                    rec.set_tags({f"path.{label}.{name}": ran})
-                    for r in rows:
-                        if (r.shape, r.kernel, r.status) == (label, name, "ok"):
-                            r.note = ran
             _plot(out, label, shape, rows)
         rows += _moe_layer(cfg, device, rec, failures, keep)
     finally:
