@@ -59,7 +59,8 @@ def serving_samples(jsonl: Path, prefix: str = "") -> Samples:
     for metric, what in (("single_stream_tpot_ms", "tpot_ms"), ("single_stream_tpot_ms_mean", "tpot_ms"),
                          ("single_stream_ttft_ms", "ttft_ms"), ("single_stream_itl_ms_p50", "itl_ms"),
                          ("single_stream_e2e_ms", "e2e_ms"),
-                         ("single_stream_tpot_ms_no_stalls", "tpot_ms_no_stalls")):
+                         ("single_stream_tpot_ms_no_stalls", "tpot_ms_no_stalls"),
+                         ("single_stream_tpot_ms_mean_no_stalls", "tpot_ms_no_stalls")):
         if single[what]:
             out[(prefix + metric, None)] = single[what]
     levels = sorted({r["level"] for r in recs if r.get("phase") == "sweep"})

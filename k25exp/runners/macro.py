@@ -98,7 +98,8 @@ SINGLE_STREAM = {
     "single_stream_tpot_gap_pct": "tpot_gap_pct", "single_stream_client_lagged": "client_lagged",
     "single_stream_delivery_stalls": "delivery_stalls",
     "single_stream_delivery_stall_ms_max": "delivery_stall_ms_max",
-    "single_stream_tpot_ms_no_stalls": "tpot_ms_p50_no_stalls", "single_stream_valid": "valid",
+    "single_stream_tpot_ms_no_stalls": "tpot_ms_p50_no_stalls",
+    "single_stream_tpot_ms_mean_no_stalls": "tpot_ms_mean_no_stalls", "single_stream_valid": "valid",
 }
 
 

@@ -142,6 +142,13 @@ def test_stall_figures_follow_from_the_jsonl(macro):
         flagged = bool(rec.latest("client_lagged")[c] or rec.latest("delivery_stalls")[c])
         assert rec.latest("valid")[c] == (not flagged)
     assert summary["stalled_levels"] == sum(1 for v in rec.latest("delivery_stalls").values() if v)
+    single = [(r["chunk_s"][-1] - r["chunk_s"][0]) / 15 * 1e3
+              for r in records(out) if r["phase"] == "single" and not r["stalls"]]
+    if single:  # the single stream's untouched requests: their median and their mean
+        assert summary["single_stream_tpot_ms_no_stalls"] == pytest.approx(percentile(single, 50))
+        assert summary["single_stream_tpot_ms_mean_no_stalls"] == pytest.approx(mean(single))
+    else:
+        assert "single_stream_tpot_ms_mean_no_stalls" not in summary
 
 
 def test_client_and_server_agree_where_nothing_held_tokens_back(macro, record_property):
@@ -171,8 +178,11 @@ def test_client_and_server_agree_where_nothing_held_tokens_back(macro, record_pr
     assert summary["single_stream_tpot_gap_pct"] == pytest.approx(
         (summary["single_stream_tpot_ms_mean"] - server_ms) / server_ms * 100)
     if not summary["single_stream_client_lagged"] and "single_stream_tpot_ms_no_stalls" in summary:
-        gap = summary["single_stream_tpot_ms_no_stalls"] - server_ms
-        assert abs(gap) <= 0.2 * server_ms + 1.0, (gap, server_ms)
+        # Mean or median, as for a level: one slow engine step on a loaded machine lifts the
+        # engine's mean and the client's mean alike, but not the client's median of 4 requests.
+        gaps = [summary[k] - server_ms for k in ("single_stream_tpot_ms_mean_no_stalls",
+                                                 "single_stream_tpot_ms_no_stalls")]
+        assert min(map(abs, gaps)) <= 0.2 * server_ms + 1.0, (gaps, server_ms)
         compared += 1
     else:
         skipped.append("single stream: " + ("client lag" if summary["single_stream_client_lagged"]
