@@ -12,7 +12,7 @@ from k25exp.load import stalls
 from k25exp.load.client import CompletionClient, finish, run_level
 from k25exp.load.level_figures import invalid_reason, level_figures
 from k25exp.load.stalls import Stall, StallRule, find_stalls
-from tests.serving.stub_server import StubThread
+from tests.serving.stub_server import StubThread, burst_possible
 
 STEP = 0.030  # a 30 ms decode step
 
@@ -79,35 +79,56 @@ def test_level_figures_flag_the_stall_and_keep_the_clean_tpot():
 
 
 def _level(stub, prompt: str, n_requests: int, max_tokens: int):
+    """The level's records (by request), figures, and each request's chunk arrivals beside the
+    stub's own write times (perf_counter seconds, both)."""
+    t0 = time.perf_counter()
+
     async def go():
         async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
             return await run_level(c, lambda i: prompt, phase="sweep", level=1, concurrency=1,
-                                   max_tokens=max_tokens, t0=time.perf_counter(),
-                                   n_requests=n_requests)
+                                   max_tokens=max_tokens, t0=t0, n_requests=n_requests)
 
     res = asyncio.run(go())
-    return res, level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
-                              max_client_lag_ms=1e9, target_output=max_tokens)
+    recs = sorted(res["records"], key=lambda r: r["i"])
+    arrivals = [[t0 + r["sent_s"] + c for c in r["chunk_s"]] for r in recs]
+    assert len(stub.writes) == len(recs)  # one at a time: the stub's order is the client's
+    return recs, level_figures(res["records"], res["wall_s"], res["cpu_s"], res["loop_lag_ms"],
+                               max_client_lag_ms=1e9, target_output=max_tokens), \
+        list(zip(stub.writes, arrivals))
 
 
-def test_a_stub_that_holds_chunks_500_ms_is_flagged_to_within_10_ms():
-    # 20 ms per token; from token 16 of 32 on, 25 tokens are held for 500 ms, then released
+def test_a_stub_that_holds_chunks_500_ms_is_flagged_as_the_silence_the_stub_kept():
+    """20 ms per token; from token 16 of 32 on, 25 tokens are held for ≥ 500 ms, then released
+    in one write. The stall is found at chunk 16 and measures the silence the stub's own
+    clock kept, to within the spread of delivery delays (a loaded machine lengthens the
+    silence itself, never the agreement)."""
     with StubThread(gap_s=0.02, hold_s=0.5) as stub:
-        res, f = _level(stub, "hold", n_requests=3, max_tokens=32)
+        recs, f, timing = _level(stub, "hold", n_requests=3, max_tokens=32)
     assert f["completed"] == 3 and f["output_tokens_mismatch"] == 0
-    assert f["delivery_stalls"] == 3 and f["stalled_requests"] == 3
-    assert f["delivery_stall_ms_max"] == pytest.approx(500.0, abs=10.0)
-    for r in res["records"]:
-        [[chunk, gap_ms, burst]] = r["stalls"]
-        assert chunk == 16 and burst >= 3 and gap_ms == pytest.approx(500.0, abs=10.0)
+    assert f["stalled_requests"] == 3 and f["delivery_stalls"] >= 3
+    for r, (w, a) in zip(recs, timing):
+        assert len(w) == len(a) == 32
+        spread_ms = (max(x - y for x, y in zip(a, w)) - min(x - y for x, y in zip(a, w))) * 1e3
+        held_ms = (w[16] - w[15]) * 1e3
+        assert held_ms >= 500.0  # the stub slept at least hold_s after its last write
+        [(gap_ms, burst)] = [(g, b) for chunk, g, b in r["stalls"] if chunk == 16]
+        assert burst >= 3 and abs(gap_ms - held_ms) <= spread_ms + 1e-3, (gap_ms, held_ms, spread_ms)
+    assert f["delivery_stall_ms_max"] == max(g for r in recs for _, g, _ in r["stalls"])
     assert f["valid"] == 0.0 and "delivery stall" in invalid_reason(f)
 
 
 def test_the_same_stub_without_holding_back_flags_nothing():
+    """No false stall: while the stub's writes and their delivery leave no two arrivals within
+    a burst's 0.1 step (burst_possible, from the stub's own clock), nothing is flagged; on a
+    machine that bunched them, the test says so (xfail) rather than pass or fail on timing."""
     with StubThread(gap_s=0.02, hold_s=0.5) as stub:
-        res, f = _level(stub, "fine", n_requests=3, max_tokens=32)
-    assert f["completed"] == 3 and f["delivery_stalls"] == 0 and f["delivery_stall_ms_max"] == 0
-    assert all(r["stalls"] == [] for r in res["records"])
+        recs, f, timing = _level(stub, "fine", n_requests=3, max_tokens=32)
+    assert f["completed"] == 3
+    why = [w for w in (burst_possible(w, a, 0.1 * f["stall_ref_step_ms"] / 1e3) for w, a in timing) if w]
+    if why:
+        pytest.xfail("the machine bunched the stream: " + "; ".join(why))
+    assert f["delivery_stalls"] == 0 and f["delivery_stall_ms_max"] == 0
+    assert all(r["stalls"] == [] for r in recs)
     assert "delivery stall" not in invalid_reason(f)
     assert f["tpot_ms_mean_no_stalls"] == pytest.approx(f["tpot_ms_mean"])
 

@@ -288,6 +288,23 @@ class StubServer:
         return True
 
 
+def burst_possible(writes: list[float], arrivals: list[float], burst_s: float) -> str:
+    """Why a delivery burst (3 chunks, each within `burst_s` of the one before) could have
+    reached the client from a stream the stub wrote at its pace, or "" when none could.
+    An arrival gap is its write gap plus the change in delivery delay, so it is at least the
+    smallest write gap minus the spread of delays: while that stays ≥ burst_s, no two
+    arrivals come closer than burst_s. A loaded machine breaks it two ways, both named: the
+    stub woke late and caught up with back-to-back writes, or the client took chunks late
+    (then they were held back, which is a real delivery stall, not a false one)."""
+    delays = [a - w for a, w in zip(arrivals, writes)]
+    gaps = [b - a for a, b in zip(writes, writes[1:])]
+    spread = max(delays) - min(delays) if delays else 0.0
+    if not gaps or min(gaps) - spread >= burst_s:
+        return ""
+    return (f"the stub wrote two chunks {min(gaps) * 1e3:.1f} ms apart and delivery delays "
+            f"spread {spread * 1e3:.1f} ms (a burst needs arrivals within {burst_s * 1e3:.1f} ms)")
+
+
 class StubThread:
     """The stub on its own event loop in a thread, for tests and the capacity probe."""
 
