@@ -108,7 +108,7 @@ def test_every_figure_follows_from_the_jsonl(macro):
         wall = rec.latest("wall_s")[c]
         first = min(r["scheduled_s"] for r in rs)
         last = max(r["sent_s"] + r["end_s"] for r in rs)
-        assert wall == pytest.approx(last - first, abs=0.05)
+        assert last - first <= wall <= last - first + 0.5  # stamped a few loop turns after the end
         assert rec.latest("output_tok_s")[c] == pytest.approx(16 * len(rs) / wall)
         assert rec.latest("request_s")[c] == pytest.approx(len(rs) / wall)
         assert rec.latest("errors")[c] == 0 and rec.latest("prompt_tokens_mismatch")[c] == 0
