@@ -108,7 +108,8 @@ def test_a_stub_that_holds_chunks_500_ms_is_flagged_as_the_silence_the_stub_kept
     assert f["stalled_requests"] == 3 and f["delivery_stalls"] >= 3
     for r, (w, a) in zip(recs, timing):
         assert len(w) == len(a) == 32
-        spread_ms = (max(x - y for x, y in zip(a, w)) - min(x - y for x, y in zip(a, w))) * 1e3
+        delays = [x - y for x, y in zip(a, w)]
+        spread_ms = (max(delays) - min(delays)) * 1e3
         held_ms = (w[16] - w[15]) * 1e3
         assert held_ms >= 500.0  # the stub slept at least hold_s after its last write
         [(gap_ms, burst)] = [(g, b) for chunk, g, b in r["stalls"] if chunk == 16]

@@ -123,13 +123,13 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
                                 "experiment.max_client_lag_ms=1e9")
     answer = summary["max_rate_meeting_slo"]
     assert answer < 48, summary
+
     def only(c, key):  # a probe is one level: its one value (step = the rate in mHz)
         vals = list(c.latest(key).values())
         return vals[0] if len(vals) == 1 else None
 
     probes = [(only(c, "target_rate_req_s"), c) for _, c in rec.children]
-    meets = {k: m for k, m in rec.latest("probe_meets").items()}
-    loads = rec.latest("probe_load")
+    meets, loads = rec.latest("probe_meets"), rec.latest("probe_load")  # by probe index
     assert len(probes) == summary["probes"] == len(meets) >= 3
     assert [x for x, _ in probes] == [loads[k] for k in sorted(loads)]
     # the answer is the highest probe that met; every probe above it missed, the lowest of
@@ -137,9 +137,9 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
     # scheduled send) was within 60 ms on a valid level
     met = [loads[k] for k, m in meets.items() if m]
     assert answer == max(met)
-    above = [loads[k] for k, m in meets.items() if loads[k] > answer]
-    assert above and all(not meets[k] for k in meets if loads[k] > answer)
-    assert summary["lowest_failing_load"] == min(above)
+    above = [k for k in meets if loads[k] > answer]
+    assert above and not any(meets[k] for k in above)
+    assert summary["lowest_failing_load"] == min(loads[k] for k in above)
     for (_, c), k in zip(probes, sorted(meets)):
         p90 = only(c, "ttft_sched_ms_p90")
         ok = p90 is not None and p90 <= 60 and only(c, "valid") == 1.0
