@@ -11,8 +11,14 @@ vLLM's CPU wheel ships one kernel library per x86 ISA, all registering `torch.op
 hand loads the AVX-512 build whatever the CPU, which dies with SIGILL on an AVX2-only one.
 So k25exp never imports a `_C` module itself: `load()` asks vLLM's platform.
 
+AMX tiles pick no library of their own: the `_C` build uses them at run time where torch says
+the CPU has them (`torch.cpu._is_amx_tile_supported()`), and vLLM picks its attention backend
+by the same probe (an MLA model: AMX_MLA with tiles, else CPU_MLA). So the levels are the three
+builds and `amx` above them; `build_of(level)` is the library a level loads.
+
 `cap(isa)` makes torch (and so vLLM) report no more than `isa`, so an AVX-512 machine runs
-the path an AVX2-only machine takes. It must run before vLLM loads its kernels, in every
+the path an AVX2-only machine takes, and an AMX machine (`cap("avx512_bf16")`) the path of an
+AVX-512 one without tiles. It must run before vLLM loads its kernels, in every
 process that loads them: collective ranks and GEMM jobs call `cap_from_env()`; a vLLM server
 (whose own processes k25exp does not run) gets `site_dir()` on PYTHONPATH, whose
 sitecustomize does the same at interpreter start.
@@ -29,15 +35,19 @@ from typing import Callable
 
 # The variable that carries the cap to child processes (ranks, server workers).
 ENV = "K25EXP_VLLM_CPU_ISA"
-# Lowest to highest; each is the library vLLM loads when the CPU offers that much.
-LEVELS = ("avx2", "avx512", "avx512_bf16")
+# The kernel libraries, lowest to highest; each is the one vLLM loads when the CPU offers that much.
+BUILDS = ("avx2", "avx512", "avx512_bf16")
 LIBRARY = {"_C_AVX2": "avx2", "_C_AVX512": "avx512", "_C": "avx512_bf16"}
-# The /proc/cpuinfo flags that decide it (and AMX, which the avx512_bf16 build uses when present).
+# What a CPU (or a cap) may offer, lowest to highest: the builds, then AMX tiles (used by the
+# avx512_bf16 build's kernels and by vLLM's AMX_MLA attention backend).
+LEVELS = BUILDS + ("amx",)
+# The /proc/cpuinfo flags that decide it.
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
-# torch.cpu probes vLLM reads, and the level each needs.
+# torch.cpu probes vLLM reads, and the level each needs (None: hidden under any cap; AMX-FP16
+# is a later generation than any level here names).
 _PROBES = {"_is_avx512_supported": "avx512", "_is_vnni_supported": "avx512",
-           "_is_avx512_bf16_supported": "avx512_bf16", "_is_amx_tile_supported": None,
+           "_is_avx512_bf16_supported": "avx512_bf16", "_is_amx_tile_supported": "amx",
            "_is_amx_fp16_supported": None}
 
 
@@ -64,7 +74,7 @@ def native_level(flags: dict[str, bool] | None = None) -> str | None:
     """The highest LEVEL this CPU supports (None: not even AVX2, or not x86)."""
     f = cpu_flags() if flags is None else flags
     if f.get("avx512f") and f.get("avx512_bf16"):
-        return "avx512_bf16"
+        return "amx" if f.get("amx_tile") and f.get("amx_bf16") else "avx512_bf16"
     if f.get("avx512f"):
         return "avx512"
     return "avx2" if f.get("avx2") else None
@@ -80,8 +90,15 @@ def check_level(isa: str, native: str | None) -> str | None:
     return None
 
 
+def build_of(level: str) -> str:
+    """The kernel build (BUILDS) vLLM loads at `level`: AMX tiles run inside the avx512_bf16 one."""
+    if level not in LEVELS:
+        raise ValueError(f"{level!r} is not one of {', '.join(LEVELS)}")
+    return level if level in BUILDS else BUILDS[-1]
+
+
 def cap(isa: str) -> Callable[[], None]:
-    """Make torch report no ISA above `isa` (AMX hidden too), for this process. Returns the
+    """Make torch report no ISA above `isa` (AMX hidden below `amx`), for this process. Returns the
     undo; a kernel library vLLM loaded meanwhile stays loaded (a process holds it for life)."""
     import torch
 
@@ -147,7 +164,7 @@ def builds(pid: int | str = "self") -> list[str]:
         lib = Path(path).name.split(".", 1)[0]
         if lib in LIBRARY:
             found.add(LIBRARY[lib])
-    return sorted(found, key=LEVELS.index)
+    return sorted(found, key=BUILDS.index)
 
 
 NOT_CPU = "n/a (not vLLM's CPU build)"

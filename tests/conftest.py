@@ -62,6 +62,31 @@ def vllm_cpu_level() -> str | None:
     return os.environ.get(vllm_kernels.ENV) or vllm_kernels.native_level()
 
 
+def vllm_cpu_build() -> str | None:
+    """The kernel library vLLM's CPU build loads at that level (AMX runs inside avx512_bf16's)."""
+    from k25exp import vllm_kernels
+
+    level = vllm_cpu_level()
+    return vllm_kernels.build_of(level) if level else None
+
+
+def vllm_cpu_attention_backend(selected: str | None = None, use_mla: bool = True) -> str:
+    """The attention backend vLLM's CPU build picks in this suite, asked of vLLM itself
+    (CpuPlatform.get_attn_backend_cls, under the suite's ISA cap, which this process carries
+    too): for an MLA model AMX_MLA where torch sees AMX tiles unless CPU_MLA is asked for
+    (`--attention-backend`), else CPU_MLA; CPU_ATTN for any other model."""
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    import torch
+
+    sel = AttentionSelectorConfig(head_size=576 if use_mla else 128, dtype=torch.bfloat16,
+                                  kv_cache_dtype=None, block_size=None, use_mla=use_mla)
+    path = CpuPlatform.get_attn_backend_cls(AttentionBackendEnum[selected] if selected else None, sel)
+    return next(e.name for e in AttentionBackendEnum if e.value == path)
+
+
 def vllm_cpu_allreduce() -> str:
     """The path vLLM's CPU build all-reduces on at that level: its shared-memory all-reduce
     needs AVX-512; on AVX2 it falls back to torch.distributed over gloo."""
@@ -70,7 +95,8 @@ def vllm_cpu_allreduce() -> str:
 
 def pytest_configure(config):
     """K25EXP_TEST_CPU_ISA=avx2: the whole suite on the path an AVX2-only CPU takes, on any
-    machine with AVX2 (one with AVX-512 included). The cap goes into this process (kernels
+    machine with AVX2 (one with AVX-512 included); =avx512 the AVX-512 build without BF16;
+    =avx512_bf16 on an AMX machine, the path of one without tiles (CPU_MLA attention). The cap goes into this process (kernels
     tests load in-process) and, as K25EXP_VLLM_CPU_ISA, into every process the tests start:
     servers, torchrun ranks and k25exp jobs (whose cpu_local hardware reads it as
     hardware.vllm_cpu_isa, so each run says it in its params and tags)."""
@@ -90,7 +116,12 @@ def pytest_report_header(config):
 
     capped = os.environ.get(vllm_kernels.ENV)
     how = f"capped by {vllm_kernels.ENV} (the CPU has {vllm_kernels.native_level()})" if capped else "the CPU's own"
-    return f"vLLM CPU kernels: {vllm_cpu_level()}, {how}; all-reduce on {vllm_cpu_allreduce()}"
+    try:
+        attn = vllm_cpu_attention_backend()
+    except ImportError:
+        attn = "no vLLM installed"
+    return (f"vLLM CPU kernels: {vllm_cpu_level()} ({vllm_cpu_build()} build), {how}; "
+            f"all-reduce on {vllm_cpu_allreduce()}; MLA attention {attn}")
 
 
 # Fixtures that start a real vLLM server: their tests run in one xdist worker, in order.

@@ -14,21 +14,27 @@ import torch
 from k25exp import vllm_kernels as vk
 from k25exp.config.validate import ConfigError, to_typed
 from k25exp.serving import server
-from tests.conftest import compose_cfg, vllm_cpu_level
+from tests.conftest import compose_cfg, vllm_cpu_build
 
 AVX2_ONLY = "processor : 0\nflags\t\t: fpu sse2 avx avx2 fma\n"  # an AMD EPYC without AVX-512
-SPR = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+SPR = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"  # Sapphire Rapids: AMX tiles
+ZEN4 = "flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"  # AVX-512 + BF16, no AMX
 
 
 def test_flags_and_levels_from_cpuinfo():
     assert vk.cpu_flags(AVX2_ONLY) == {"avx2": True, "avx512f": False, "avx512_bf16": False,
                                        "amx_tile": False, "amx_bf16": False}
     assert vk.native_level(vk.cpu_flags(AVX2_ONLY)) == "avx2"
-    assert vk.native_level(vk.cpu_flags(SPR)) == "avx512_bf16"
+    assert vk.native_level(vk.cpu_flags(SPR)) == "amx"
+    assert vk.native_level(vk.cpu_flags(ZEN4)) == "avx512_bf16"
     assert vk.native_level(vk.cpu_flags("flags : sse2\n")) is None
     assert vk.check_level("avx2", "avx512_bf16") is None
+    assert vk.check_level("avx512_bf16", "amx") is None  # an AMX CPU can hide its tiles
     assert "SIGILL" in vk.check_level("avx512", "avx2")
-    assert "not one of avx2, avx512, avx512_bf16" in vk.check_level("sse", "avx2")
+    assert "'amx' is above what this CPU supports (avx512_bf16)" in vk.check_level("amx", "avx512_bf16")
+    assert "not one of avx2, avx512, avx512_bf16, amx" in vk.check_level("sse", "avx2")
+    # AMX has no library of its own: its kernels are in the avx512_bf16 build (`_C`)
+    assert [vk.build_of(x) for x in vk.LEVELS] == ["avx2", "avx512", "avx512_bf16", "avx512_bf16"]
 
 
 def test_cap_hides_what_is_above_and_undo_restores():
@@ -42,6 +48,46 @@ def test_cap_hides_what_is_above_and_undo_restores():
     assert {n: getattr(torch.cpu, n)() for n in before} == before
     with pytest.raises(ValueError, match="K25EXP_VLLM_CPU_ISA='sse4'"):
         vk.cap("sse4")
+
+
+def test_each_level_hides_what_is_above_it(monkeypatch):
+    """On a CPU whose torch probes all say yes (an AMX machine, stood in for by the probes),
+    each cap leaves exactly the probes of its level and below; `amx` hides nothing vLLM reads
+    but AMX-FP16, a later generation no level names."""
+    for name in vk._PROBES:
+        monkeypatch.setattr(torch.cpu, name, lambda: True, raising=False)
+    seen = {}
+    for level in vk.LEVELS:
+        undo = vk.cap(level)
+        seen[level] = {n for n in vk._PROBES if getattr(torch.cpu, n)()}
+        undo()
+    assert seen == {"avx2": set(),
+                    "avx512": {"_is_avx512_supported", "_is_vnni_supported"},
+                    "avx512_bf16": {"_is_avx512_supported", "_is_vnni_supported",
+                                    "_is_avx512_bf16_supported"},
+                    "amx": {"_is_avx512_supported", "_is_vnni_supported",
+                            "_is_avx512_bf16_supported", "_is_amx_tile_supported"}}
+
+
+@pytest.mark.vllm  # asks vLLM's own platform
+def test_vllms_attention_choice_follows_amx_as_the_cap_leaves_it(monkeypatch):
+    """What the suite expects of a served MLA model (tests/conftest.py asks vLLM's
+    CpuPlatform): AMX_MLA where torch sees tiles unless CPU_MLA is asked for, CPU_MLA where it
+    does not whatever is asked; an AMX CPU capped at avx512_bf16 takes CPU_MLA."""
+    pytest.importorskip("vllm")
+    from tests.conftest import vllm_cpu_attention_backend as picks
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert (picks(), picks("CPU_MLA"), picks("AMX_MLA"), picks("FLASHMLA")) == (
+        "AMX_MLA", "CPU_MLA", "AMX_MLA", "AMX_MLA")
+    assert picks(use_mla=False) == "CPU_ATTN"
+    undo = vk.cap("avx512_bf16")
+    try:
+        assert (picks(), picks("AMX_MLA")) == ("CPU_MLA", "CPU_MLA")
+    finally:
+        undo()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert (picks(), picks("CPU_MLA"), picks("AMX_MLA")) == ("CPU_MLA", "CPU_MLA", "CPU_MLA")
 
 
 def test_a_server_process_starts_capped(monkeypatch):
@@ -88,7 +134,7 @@ def test_builds_reads_what_a_process_mapped():
         pytest.skip("vLLM's CPU kernels need an x86 CPU with AVX2")
     loaded = _child("from k25exp import vllm_kernels; vllm_kernels.load()")
     try:  # the build vLLM picks for this CPU (or the suite's cap), and only it
-        assert vk.builds(loaded.pid) == [vllm_cpu_level()]
+        assert vk.builds(loaded.pid) == [vllm_cpu_build()]
     finally:
         loaded.kill()
 

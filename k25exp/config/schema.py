@@ -116,9 +116,11 @@ class HardwareConfig:
     # Extra environment for the collective workers, e.g. {NCCL_DEBUG: INFO}.
     env: Dict[str, str] = field(default_factory=dict)
     # CPU build of vLLM: the highest ISA its kernel choice may see (avx2 | avx512 |
-    # avx512_bf16; null = what the CPU has, vLLM's own choice). avx2 on an AVX-512 machine runs
-    # the path an AVX2-only CPU takes (no shared-memory all-reduce: gloo) in the server, the
-    # collective ranks and the GEMM job alike. Tag vllm.cpu_isa says what each loaded.
+    # avx512_bf16 | amx; null = what the CPU has, vLLM's own choice). avx2 on an AVX-512 machine
+    # runs the path an AVX2-only CPU takes (no shared-memory all-reduce: gloo) in the server,
+    # the collective ranks and the GEMM job alike; avx512_bf16 on an AMX machine hides its tiles
+    # (CPU_MLA attention, the MoE's vec kernels). Tags vllm.cpu_isa and vllm.attention_backend
+    # say what each loaded and picked.
     vllm_cpu_isa: Optional[str] = None
     # CPU boxes: how a TP group's ranks get cores, VLLM_CPU_OMP_THREADS_BIND's syntax ("0,1|2,3":
     # one core list per rank) or "split" (this process's CPUs in equal blocks); null = unbound.

@@ -1,7 +1,7 @@
 """Which of a campaign's runs may meet in one sum.
 
 Figures from runs of another model, hardware, TP degree, dtype, communicator, vLLM version,
-vLLM CPU kernel build, device or code commit answer another question; summing them with the
+vLLM CPU kernel build, attention backend, device or code commit answer another question; summing them with the
 rest makes a number nobody measured. So the report keeps only the runs that agree with the
 campaign on every field below and refuses the others by name, with the field that differs.
 The campaign's value of a field is the one most of its runs carry (ties: the newest run's),
@@ -61,6 +61,14 @@ def cpu_build(r: RunView) -> Optional[str]:
     return None if not v or v.startswith(NO_BUILD) else v
 
 
+def attention_backend(r: RunView) -> Optional[str]:
+    """The attention backend the run's server said it picked ("Using X backend." in its log);
+    None when it could not tell (an endpoint, a log without the line). On a CPU it follows the
+    ISA: an MLA model runs AMX_MLA where the CPU has AMX tiles, else CPU_MLA."""
+    v = r.tags.get("vllm.attention_backend")
+    return None if not v or v.startswith("unknown") else v
+
+
 FIELDS = (
     Field("model.name", _param("model.name")),
     Field("model.hidden_size", _param("model.hidden_size")),
@@ -74,6 +82,7 @@ FIELDS = (
     Field("experiment.graph (GEMM timing mode)", _param("experiment.graph"), ("gemm",)),
     Field("vllm version (server.version, else tag vllm.version)", vllm_version),
     Field("vllm.cpu_isa (kernel build)", cpu_build),
+    Field("vllm.attention_backend", attention_backend, SERVED_PHASES),
     Field("device (device_found)", lambda r: r.tags.get("device_found")),
     Field("git_commit", lambda r: r.tags.get("git_commit")),
 )
@@ -126,3 +135,8 @@ def random_weights(c: Campaign) -> bool:
     served = [r for r in c.runs if r.phase in ("macro", "profile", "spec_decode")]
     return any(r.params.get("model.name") == "tiny_kimi" or
                "/models/tiny_kimi-" in r.tags.get("server.model_path", "") for r in served)
+
+
+def ran_with(c: Campaign) -> str:
+    """One line for the report's header: what the campaign's runs agree they ran."""
+    return "; ".join(f"{k} {v}" for k, v in campaign_values(c).items())

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 from k25exp import html_page
 from k25exp.config.experiments import EXPERIMENT_SCHEMAS, CollectiveExperiment
 from k25exp.report import metrics as M
+from k25exp.report import provenance
 from k25exp.report.charts import make_plots
 from k25exp.report.figures import Figure, Section
 from k25exp.report.measured import one_rank
@@ -112,7 +113,9 @@ def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Pat
              ui_url: str, folder: Path, generated: str) -> str:
     lines = [f"# k25exp campaign report: {c.id}", "",
              f"Store `{c.uri}`, {len(c.runs)} phase runs; generated {generated}. "
-             f"Run links open in `k25exp ui` ({ui_url}).", "", "## Headline", "",
+             f"Run links open in `k25exp ui` ({ui_url}).", "",
+             f"Ran with: {_md_text(provenance.ran_with(c)) or 'nothing the runs agree on'}.",
+             "", "## Headline", "",
              "| figure | value | runs | note |", "|---|---|---|---|"]
     lines += [_md_figure(f, ui_url) for f in headline(sections)]
     lines += [f"\n**{_md_text(n)}**" for n in headline_notes(sections)]
@@ -161,4 +164,5 @@ def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,
     page = folder / "report.html"
     page.write_text(html_page.render(text, f"k25exp report {c.id}", folder))
     caveats = "".join(f"\nNOTE: {n}" for n in headline_notes(sections))
-    return md, page, headline_text(headline(sections)) + caveats
+    return md, page, (f"ran with: {provenance.ran_with(c)}\n" + headline_text(headline(sections))
+                      + caveats)

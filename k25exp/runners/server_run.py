@@ -30,7 +30,7 @@ def server_cpu_isa(server: ManagedServer) -> str:
     if not pids:
         return "unknown (server process gone)"
     found = sorted({b for pid in pids for b in vllm_kernels.builds(pid)},
-                   key=vllm_kernels.LEVELS.index)
+                   key=vllm_kernels.BUILDS.index)
     return vllm_kernels.describe(found)
 
 

@@ -134,6 +134,24 @@ def test_runs_of_another_vllm_cpu_build_or_device_are_refused(tags, field, value
     assert f"refused: {field}={value}" in str(refused[0])
 
 
+def test_a_served_run_of_another_attention_backend_is_refused():
+    """A profile of an AMX CPU's server (AMX_MLA) beside a campaign served on CPU_MLA times
+    other attention kernels: refused by name. A server that could not say (an endpoint) and a
+    phase without a server are not checked for it; the header line names the backend."""
+    c = campaign()
+    for r in c.runs:
+        if r.phase in ("macro", "profile"):
+            r.tags["vllm.attention_backend"] = "CPU_MLA"
+    amx = run("profile", 93, {"experiment.concurrency": "1"}, tags={"vllm.attention_backend": "AMX_MLA"})
+    assert refused_fields(c, amx) == {amx.short: ("vllm.attention_backend", "AMX_MLA", "CPU_MLA")}
+    endpoint = run("macro", 94, tags={"vllm.attention_backend": "unknown (server=endpoint: no server log here)"})
+    gemm = run("gemm", 95, {"experiment.tp": "2", "experiment.graph": "False"},
+               tags={"vllm.attention_backend": "AMX_MLA"})  # not served: never read
+    assert refused_fields(c, endpoint) == {} and refused_fields(c, gemm) == {}
+    assert "vllm.attention_backend CPU_MLA" in provenance.ran_with(c)
+    assert "model.name tiny_kimi" in provenance.ran_with(c)
+
+
 def test_a_run_that_loaded_no_cpu_kernels_is_not_refused_for_it():
     c = campaign()
     for r in c.runs:

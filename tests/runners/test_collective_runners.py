@@ -19,7 +19,7 @@ from k25exp.runners.allreduce_sweep import sizes
 from k25exp.runners.collective import CollectiveFailed
 from k25exp.stats import median
 from k25exp.tracking import MemoryRecorder
-from tests.conftest import compose_cfg, vllm_cpu_level
+from tests.conftest import compose_cfg, vllm_cpu_build
 
 
 def run(tmp_path, *overrides, rec=None):
@@ -143,10 +143,10 @@ def test_step_collectives_through_vllms_own_communicator(campaign_full):
     assert run.data.params["experiment.communicator"] == "vllm" and tags["communicator"] == "vllm"
     # what vLLM picks for this CPU: its AVX-512 builds have the shared-memory all-reduce, its
     # AVX2 build has not (gloo through torch.distributed)
-    level = vllm_cpu_level()  # the CPU's, or the suite's cap (K25EXP_TEST_CPU_ISA)
-    assert tags["vllm.cpu_isa"] == level
+    build = vllm_cpu_build()  # the CPU's, or the suite's cap (K25EXP_TEST_CPU_ISA)
+    assert tags["vllm.cpu_isa"] == build
     assert tags["communicator.impl"] == ("shm (vLLM _CPUSHMDistributed, _C::shm_allreduce)"
-                                         if level in ("avx512", "avx512_bf16") else
+                                         if build in ("avx512", "avx512_bf16") else
                                          "torch.distributed (gloo) via vLLM")
     # vLLM's CPU ops return when done: its burst is not said to be queued
     assert "run one after another" in tags["timing.queued"] and "back to back" not in tags["timing.queued"]

