@@ -222,9 +222,10 @@ class ServerConfig:
     cpu_threads_bind: Optional[str] = "split"  # VLLM_CPU_OMP_THREADS_BIND, or split (vllm.yaml: hardware's)
     env: Dict[str, str] = field(default_factory=dict)  # extra environment for the server (secrets masked in logs)
     extra_args: List[str] = field(default_factory=list)  # more vLLM arguments, verbatim
-    # TP > 1 with this interpreter: the workers load k25exp.serving.collective_probe
-    # (--worker-extension-cls), so the profile can time the step's collectives inside them
-    # (experiment.server_burst_reps); a server run by another interpreter may lack k25exp.
+    # vLLM run by this interpreter: the workers load k25exp's worker extension
+    # (k25exp.serving.worker_extension, --worker-extension-cls): the profile times the step's
+    # collectives inside them at TP > 1 (experiment.server_burst_reps), spec_decode sets its
+    # synthetic acceptance between levels; a server run by another interpreter may lack k25exp.
     collective_probe: bool = True
     # vLLM's --profiler-config (JSON object), e.g. {profiler: torch, torch_profiler_dir: DIR}.
     profiler: Optional[Dict[str, Any]] = None

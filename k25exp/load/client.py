@@ -48,7 +48,7 @@ class CompletionClient:
 
     def __init__(self, base_url: str, model: str, api_key: Optional[str] = None,
                  timeout_s: float = 300.0, max_connections: int = 256,
-                 continuous_usage: bool = True, temperature: float = 0.0, seed: int = 0):
+                 continuous_usage: bool = True, temperature: float = 0.0, seed: Optional[int] = 0):
         self.model = model
         self.timeout_s = timeout_s
         self.continuous_usage = continuous_usage

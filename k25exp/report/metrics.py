@@ -59,12 +59,16 @@ A2A_SWEEP = Metric(None, "all_to_all sweep")
 AR_SWEEP = Metric(None, "allreduce_sweep sweep")
 SPEC_PROJECTION = Metric(None, "projection")
 SPEC_MEASURED_NONE = Metric(None, "measured speedup")
+SPEC_MODEL_ERR_MAX = Metric("spec_model_err_pct_max", "speculative projection error, worst "
+                            "|·| over the measured points (step model, each point from the others)",
+                            "pct")
 
 FIGURES = (TPOT, COMM, GEMM, REST, COMM_SHARE_BURST, COMM_SHARE_PROFILE, COMM_SHARE_TRANSPORT,
            COMM_SHARE_WAIT, COMM_SHARE_DIFF, COMM_SHARE_SERVER_BURST,
            COMM_DIFF_PLACEMENT, COMM_DIFF_PATTERN, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
            ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, SCALEOUT_TPOT_C1, SCALEOUT_BURST,
-           SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_PROJECTION, SPEC_MEASURED_NONE)
+           SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_PROJECTION, SPEC_MEASURED_NONE,
+           SPEC_MODEL_ERR_MAX)
 
 # Speculative decoding: one figure per measured setting, keyed by the setting's name (an
 # identifier of the setting, not the figure's label).

@@ -20,7 +20,7 @@ from typing import Sequence
 from k25exp.config.experiments import ReportConfig
 from k25exp.config.schema import K25Config
 from k25exp.report import (budget, expert_parallel, link, predict, provenance, reconcile, render,
-                           scale_out, speculative)
+                           scale_out, spec_sweep, speculative)
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section
 from k25exp.report.sources import latest_campaign, load_campaign
@@ -62,7 +62,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         if so.collectives_campaign else None, tpot)
     sections: list[Section] = [
         budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
-        expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths)]
+        expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths),
+        spec_sweep.spec_sweep(c)]
     if scaled is not None:
         sections.insert(3, scaled)
     if refused:  # refused by name, never summed

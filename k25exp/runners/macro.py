@@ -175,7 +175,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
         client_kw = dict(base_url=conn.base_url, model=conn.model, api_key=conn.api_key,
                          timeout_s=exp.request_timeout_s, max_connections=max_in_flight(exp) + 4,
                          continuous_usage=exp.continuous_usage, temperature=exp.temperature,
-                         seed=exp.seed)
+                         seed=exp.seed if exp.request_seed else None)
         async with CompletionClient(**client_kw) as client:
             rec.set_tags({"macro.client": _client_tag(exp, client)})
             with Progress(exp.progress) as progress, closing(Phases(

@@ -37,7 +37,7 @@ from k25exp.model import routing
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving import collective_probe
 from k25exp.serving.answers import refuse_html
-from k25exp.serving.launch import probe_loaded
+from k25exp.serving.launch import extension_loaded
 from k25exp.load.client import CompletionClient, run_level
 from k25exp.load.level_figures import decode_prefills
 from k25exp.load.prompts import PromptBuilder, load_tokenizer
@@ -97,7 +97,7 @@ def server_burst(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -> 
     exp: ProfileConfig = cfg.experiment
     if not exp.server_burst_reps:
         return {}
-    if cfg.server.kind != "vllm" or not probe_loaded(cfg.server):
+    if cfg.server.kind != "vllm" or cfg.server.tp < 2 or not extension_loaded(cfg.server):
         rec.set_tags({"server_burst.skipped": "the server's workers do not load the probe "
                       "(server=endpoint, TP 1, server.collective_probe=false or another "
                       "interpreter runs vLLM)"})

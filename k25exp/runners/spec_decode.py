@@ -1,19 +1,27 @@
-"""spec_decode: the macro measurement on a speculative-decoding server and on its baseline.
+"""spec_decode: speculative decoding against its own baselines, at a configured acceptance,
+each point measured `spec_repeats` times on fresh server starts.
 
-Two servers with identical settings except vLLM's --speculative-config (built by
-k25exp.serving.speculative) are measured one after the other by the macro runner: warm-up,
-single stream (batch 1), then each concurrency. Metrics of the speculative server are logged
-under their macro names, with the server's acceptance counters per level (acceptance_rate,
-mean_accepted_tokens, acceptance_pos<i>: k25exp.serving.server_metrics); the baseline's
-under `baseline/<name>`. The comparison, at the same client definitions:
+The servers, identical except for what is named (argument lists, k25exp.serving):
+  spec           vLLM's --speculative-config built from experiment.* (k25exp.serving.speculative);
+                 with acceptance=synthetic it starts in vLLM's synthetic rejection mode and each α
+                 of experiment.alphas is set in its workers between measurements
+                 (k25exp.serving.spec_acceptance): one start serves every α
+  baseline       the same server without it (vLLM's own scheduling choice: async where it can)
+  baseline_sync  the baseline with --no-async-scheduling (experiment.baseline_sync): the
+                 scheduling of a spec server whose drafter turns async scheduling off
+Each is measured by the macro runner (warm-up, single stream, each concurrency: its figures and
+definitions). With spec_repeats > 1 every round starts every server afresh and the order is
+reversed every other round (S B B' | B' B S | ...), so the spread of a point holds what a rerun
+moves (start-to-start differences, drift), and each round's speedup pairs servers measured
+minutes apart.
 
-    spec_speedup               baseline single-stream TPOT p50 / speculative TPOT p50
-    level_spec_speedup  (step) baseline TPOT p50 / speculative TPOT p50 at that concurrency
-    level_throughput_gain (step) speculative output tok/s / baseline output tok/s
-
-The server left running is whichever was measured last; the order is chosen so that a sweep
-over speculative settings reuses the baseline server when it is still running.
-Artifacts: spec/ and baseline/ (each a macro job's files), results.txt/.csv (the comparison).
+Logged: round 1's (first α's) figures under their macro names (speculative server), under
+`baseline/` and `baseline_sync/`; per point (k25exp.runners.spec_decode_results) the median over
+rounds and spread, the speedup's median, min–max and bootstrap interval, at step = concurrency,
+named by acceptance (`a0.7/…`, `model/…`). The server left running is the last measured, so a
+sweep over speculative settings reuses the baseline when it is still up (spec_repeats = 1).
+Artifacts: spec/, baseline/, baseline_sync/ (round 1's macro files), rounds/ (the others'),
+points.csv (one row per server, α, round and level), results.txt/.csv (the points).
 """
 
 from __future__ import annotations
@@ -22,98 +30,114 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
-from k25exp import tables
 from k25exp.config.experiments import SpecDecodeConfig
-from k25exp.config.schema import K25Config
+from k25exp.config.schema import K25Config, ServerConfig
 from k25exp.model import routing
 from k25exp.runners import macro
+from k25exp.runners.server_run import connect_server
+from k25exp.runners.spec_decode_results import Measured, summarise
 from k25exp.serving import server as srv_mod
+from k25exp.serving.registry import release
+from k25exp.serving.spec_acceptance import set_in_server, unconditional_rates
 from k25exp.serving.speculative import describe, speculative_config
-from k25exp.tracking.recorder import Capture, Recorder
+from k25exp.tracking.recorder import Capture, MemoryRecorder, Recorder
 
 log = logging.getLogger(__name__)
 
-COLUMNS = [
-    tables.Column("conc", "{}", 6), tables.Column("base_tpot", "{:.2f}", 10),
-    tables.Column("spec_tpot", "{:.2f}", 10), tables.Column("speedup", "{:.3f}", 8),
-    tables.Column("base_tok/s", "{:.1f}", 11), tables.Column("spec_tok/s", "{:.1f}", 11),
-    tables.Column("accept", "{:.3f}", 7), tables.Column("mean_acc", "{:.2f}", 9),
-    tables.Column("valid", "{:.0f}", 6),
-]
+PREFIX = {"spec": "", "baseline": "baseline/", "baseline_sync": "baseline_sync/"}
+
+
+def servers(cfg: K25Config, spec_json: str) -> dict[str, ServerConfig]:
+    """The servers this job measures, by name (module docstring)."""
+    exp: SpecDecodeConfig = cfg.experiment
+    out = {"spec": replace(cfg.server, extra_args=[*cfg.server.extra_args,
+                                                   "--speculative-config", spec_json])}
+    if exp.baseline:
+        out["baseline"] = cfg.server
+        if exp.baseline_sync:
+            out["baseline_sync"] = replace(cfg.server, extra_args=[*cfg.server.extra_args,
+                                                                   "--no-async-scheduling"])
+    return out
+
+
+def rounds_order(names: list[str], repeats: int, baseline_first: bool) -> list[list[str]]:
+    """Each round's order: reversed every other round, so no server always goes first; the
+    baseline first in round 1 when it is already running (one start fewer)."""
+    first = list(names)
+    if baseline_first and "baseline" in first:
+        first.remove("baseline")
+        first.insert(0, "baseline")
+    return [first if r % 2 == 0 else first[::-1] for r in range(repeats)]
 
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SpecDecodeConfig = cfg.experiment
+    if exp.acceptance == "synthetic":  # each request draws its own acceptance (request_seed)
+        exp = replace(exp, request_seed=False)
+        cfg = replace(cfg, experiment=exp)
     model_path, _ = srv_mod.resolve_model_path(cfg.server, cfg.model, cfg.seed)
     spec = speculative_config(exp, model_path, Path(cfg.server.model_cache))
     spec_json = json.dumps(spec, sort_keys=True)
+    alphas: list[Optional[float]] = list(exp.alphas) if exp.acceptance == "synthetic" else [None]
     rec.set_tags({"spec.config": spec_json, "spec.method": exp.method,
                   "spec.num_speculative_tokens": str(exp.num_speculative_tokens),
-                  "spec.bound": describe(exp),
-                  "spec.speedup_definition": "baseline TPOT p50 / speculative TPOT p50, same "
-                  "server settings, same prompts, measured in this job"})
-    variants = {"spec": replace(cfg.server, extra_args=[*cfg.server.extra_args,
-                                                         "--speculative-config", spec_json])}
-    if exp.baseline:
-        variants["baseline"] = cfg.server
-    order = list(variants)
-    if exp.baseline and _running(cfg, model_path):
-        order = ["baseline", "spec"]  # reuse it: one server start fewer
-
-    caps: dict[str, Capture] = {}
+                  "spec.bound": describe(exp), "spec.acceptance": exp.acceptance,
+                  "spec.alphas": ",".join(f"{a:g}" for a in exp.alphas)
+                  if exp.acceptance == "synthetic" else "as the drafter achieves",
+                  "spec.repeats": f"{exp.spec_repeats} round(s), every server started afresh "
+                  "each round, the order reversed every other round" if exp.spec_repeats > 1
+                  else "1 round",
+                  "spec.speedup_definition": "baseline TPOT p50 / speculative TPOT p50 at one "
+                  "level, paired by round (same prompts, servers measured minutes apart); "
+                  "median over rounds, min-max, bootstrap 95 % interval of the median"})
+    named = servers(cfg, spec_json)
+    plan = rounds_order(list(named), exp.spec_repeats,
+                        baseline_first=exp.baseline and _running(cfg, model_path))
+    measured: list[Measured] = []
     summary: dict[str, float] = {}
-    for name in order:
-        cap = caps[name] = Capture(rec, "" if name == "spec" else "baseline/")
-        log.info("spec_decode: measuring the %s server", name)
-        res = macro.run(replace(cfg, server=variants[name]), out / name, cap)
-        summary.update({(k if name == "spec" else f"baseline/{k}"): v for k, v in res.items()})
-    if "baseline" in caps:
-        summary.update(_compare(exp, caps["spec"], caps["baseline"], out, rec))
+    last = (len(plan) - 1, plan[-1][-1])
+    for r, order in enumerate(plan):
+        for name in order:
+            srv_cfg = replace(cfg, server=named[name])
+            for a in (alphas if name == "spec" else [None]):
+                first = r == 0 and (a is None or a == alphas[0])
+                cap = Capture(rec if first else MemoryRecorder(), PREFIX[name] if first else "")
+                folder = out / name if first else out / "rounds" / (
+                    f"r{r + 1}_{name}" + ("" if a is None else f"_a{a:g}"))
+                if a is not None:  # the server up (started or reused), then α in its workers
+                    conn = connect_server(srv_cfg)
+                    got = set_in_server(conn.base_url, unconditional_rates(a, exp.num_speculative_tokens))
+                    rec.set_tags({"spec.sampler": got[0].get("sampler", "?")})
+                log.info("spec_decode: round %d, %s server%s", r + 1, name,
+                         "" if a is None else f", α = {a:g}")
+                res = macro.run(srv_cfg, Path(folder), cap)
+                if first:
+                    summary.update({PREFIX[name] + k: v for k, v in res.items()})
+                measured.append(Measured(name, a, r + 1, cap))
+            if exp.spec_repeats > 1 and (r, name) != last:
+                _stop(srv_cfg, model_path)  # the next round starts it afresh
+    summary.update(summarise(exp, measured, out, rec))
     return summary
+
+
+def _launch_key(cfg: K25Config, model_path: Path) -> Optional[str]:
+    try:
+        return srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device, cfg.tracking.redact,
+                                   cfg.hardware.vllm_cpu_isa, routing.of_config(cfg)).key()
+    except srv_mod.ServerError:
+        return None
 
 
 def _running(cfg: K25Config, model_path: Path) -> bool:
     """Whether the baseline's server (same launch) is already up in this process."""
-    if cfg.server.kind != "vllm":
-        return False
-    try:
-        key = srv_mod.launch_spec(cfg.server, model_path, cfg.hardware.device,
-                                  cfg.tracking.redact, cfg.hardware.vllm_cpu_isa,
-                                  routing.of_config(cfg)).key()
-    except srv_mod.ServerError:
-        return False
-    return any(s.key == key for s in srv_mod.running())
+    key = _launch_key(cfg, model_path) if cfg.server.kind == "vllm" else None
+    return key is not None and any(s.key == key for s in srv_mod.running())
 
 
-def _compare(exp: SpecDecodeConfig, spec: Capture, base: Capture, out: Path,
-             rec: Recorder) -> dict[str, float]:
-    summary: dict[str, float] = {}
-    s1 = spec.latest("single_stream_tpot_ms").get(None)  # step None: a summary figure
-    b1 = base.latest("single_stream_tpot_ms").get(None)
-    if s1 and b1:
-        summary["spec_speedup"] = b1 / s1
-        rec.log_metrics(summary)
-    rows = []
-    st, bt = spec.latest("tpot_ms_p50"), base.latest("tpot_ms_p50")
-    stok, btok = spec.latest("output_tok_s"), base.latest("output_tok_s")
-    acc, mean_acc = spec.latest("acceptance_rate"), spec.latest("mean_accepted_tokens")
-    sv, bv = spec.latest("valid"), base.latest("valid")
-    for level in macro.sweep_levels(exp):
-        c = macro.step_of(exp, level)  # the step both runs logged the level at
-        if c not in st or c not in bt:
-            continue
-        m = {"level_spec_speedup": bt[c] / st[c]}
-        if stok.get(c) and btok.get(c):
-            m["level_throughput_gain"] = stok[c] / btok[c]
-        rec.log_metrics(m, step=c)
-        rows.append([level, bt[c], st[c], m["level_spec_speedup"], btok.get(c), stok.get(c),
-                     acc.get(c), mean_acc.get(c), min(sv.get(c, 0), bv.get(c, 0))])
-    cols = COLUMNS if exp.load == "closed" else [tables.Column("rate/s", "{:g}", 8)] + COLUMNS[1:]
-    text = tables.write(out / "results", cols, rows,
-                        f"spec_decode: {exp.method}, {exp.num_speculative_tokens} speculative "
-                        f"tokens; TPOT p50 ms; speedup = base/spec TPOT; accept = accepted/draft "
-                        f"tokens; mean_acc = accepted per verification step; single-stream "
-                        f"speedup {summary.get('spec_speedup', float('nan')):.3f}")
-    print(text, flush=True)
-    return summary
+def _stop(cfg: K25Config, model_path: Path) -> None:
+    key = _launch_key(cfg, model_path)
+    for s in srv_mod.running():
+        if s.key == key:
+            release(s)

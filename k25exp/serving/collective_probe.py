@@ -6,7 +6,8 @@ engine's busy-polling core process, the API server and one gloo group per parall
 the measured op times differ (docs/report.md, "On vLLM's AVX2 build"). This probe runs the
 same sequence of ops through vLLM's own tensor-parallel group (`tensor_model_parallel_*`, the
 calls the model makes) in the serving workers, reached by vLLM's `/collective_rpc` dev
-endpoint (the server runs with `--worker-extension-cls` naming `CollectiveProbe`).
+endpoint (the server runs with `--worker-extension-cls` naming k25exp's worker extension,
+k25exp.serving.worker_extension, which mixes `CollectiveProbe` in).
 
 Timing: per burst, a barrier on the TP group's CPU group, then every op back to back, each
 op's [start, end] on CLOCK_MONOTONIC (time.perf_counter_ns; the ranks share the host's clock),
@@ -23,7 +24,6 @@ import time
 from typing import Any, Optional, Sequence
 
 METHOD = "k25exp_step_burst"
-EXTENSION = f"{__name__}.CollectiveProbe"
 
 
 class CollectiveProbe:
@@ -96,7 +96,7 @@ def run_in_server(base_url: str, ops: Sequence[tuple[str, int]], dtype: str, rep
     bad = [x for x in results if not isinstance(x, dict)]
     if bad or not results:
         raise RuntimeError(f"POST /collective_rpc: the workers did not run {METHOD} (is the "
-                           f"server launched with --worker-extension-cls {EXTENSION}?): "
+                           "server launched with k25exp's --worker-extension-cls?): "
                            f"{str(bad or results)[:300]}")
     return sorted(results, key=lambda x: x["rank"])
 

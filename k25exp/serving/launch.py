@@ -22,7 +22,7 @@ from k25exp.config.schema import ModelConfig, ServerConfig
 from k25exp.model import routing as routing_mod
 from k25exp.redact import is_secret, redact_env, scrub
 from k25exp.config.dev_endpoints import dev_mode_allowed
-from k25exp.serving import collective_probe, vllm_version
+from k25exp.serving import vllm_version, worker_extension
 from k25exp.serving.errors import ServerError, ServerStartError
 
 
@@ -125,15 +125,16 @@ def _argv(s: ServerConfig, model_path: Path) -> list[str]:
         argv.append("--trust-remote-code")
     if s.profiler:
         argv += ["--profiler-config", json.dumps(dict(s.profiler), sort_keys=True)]
-    if probe_loaded(s):
-        argv += ["--worker-extension-cls", collective_probe.EXTENSION]
+    if extension_loaded(s):
+        argv += ["--worker-extension-cls", worker_extension.EXTENSION]
     return argv + [str(a) for a in s.extra_args]
 
 
-def probe_loaded(s: ServerConfig) -> bool:
-    """Whether the launched workers carry k25exp's collective probe: TP > 1 (a group to time)
-    and vLLM run by this interpreter (which can import k25exp)."""
-    return (s.kind == "vllm" and s.collective_probe and s.tp > 1
+def extension_loaded(s: ServerConfig) -> bool:
+    """Whether the launched workers carry k25exp's worker extension (the collective probe, the
+    synthetic-acceptance setter: k25exp.serving.worker_extension): vLLM run by this
+    interpreter (which can import k25exp) and no extension class of the user's."""
+    return (s.kind == "vllm" and s.collective_probe
             and (s.python is None or s.python == sys.executable)
             and "--worker-extension-cls" not in s.extra_args)
 
@@ -164,10 +165,10 @@ def launch_spec(server: ServerConfig, model_path: Path, device: str = "cpu",
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(vllm_kernels.site_dir()), os.environ.get("PYTHONPATH")) if p)
     env.update(routing_mod.server_env(routing))
-    if probe_loaded(s):  # the workers import the probe from the k25exp this job runs
+    if extension_loaded(s):  # the workers import it from the k25exp this job runs
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (env.get("PYTHONPATH") or os.environ.get("PYTHONPATH"),
-                        str(Path(collective_probe.__file__).parents[2])) if p)
+                        str(Path(worker_extension.__file__).parents[2])) if p)
     secret = {}
     for k, v in s.env.items():
         (secret if is_secret(k, redact) else env)[k] = str(v)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k25exp.config.experiments import SpecDecodeConfig
+from k25exp.serving.spec_acceptance import speculative_keys
 
 # Methods that need no draft model: the draft_model field is ignored for them.
 MODEL_FREE = ("ngram", "ngram_gpu", "suffix")
@@ -63,11 +64,17 @@ def speculative_config(exp: SpecDecodeConfig, model_path: Path, cache_dir: Path)
         # the target's own MTP layers), so it is left to vLLM's default there
         spec["model"] = str(Path(exp.draft_model).resolve())
     spec.update(dict(exp.extra))
+    if exp.acceptance == "synthetic":  # started at the first α; the others set in place
+        spec.update(speculative_keys(exp.alphas[0], exp.num_speculative_tokens))
     return spec
 
 
 def describe(exp: SpecDecodeConfig) -> str:
     """What this configuration bounds, for the run's tags and the report."""
+    if exp.acceptance == "synthetic":
+        return (f"{exp.method}'s drafting and verification cost at a configured acceptance: "
+                "vLLM's synthetic rejection sampling accepts each draft position with "
+                f"probability α (α in {list(exp.alphas)}), whatever the weights say")
     if exp.method in ("ngram", "ngram_gpu"):
         return ("n-gram prompt lookup, no draft model: drafts only where the last tokens repeat "
                 "earlier ones; k25exp's prompts are random tokens, so what it accepts comes from "

@@ -188,11 +188,18 @@ def test_the_report_of_a_one_rank_campaign_misses_only_multi_gpu_figures(tmp_pat
     if rank_of:
         for r in c.runs:
             r.params.update({"model.tp_rank_of": rank_of, "model.num_key_value_heads": "8"})
+    # a synthetic-acceptance sweep: α 0.5 and 0.9 at c = 1 and 4 (each point then projected
+    # from the other α's step at its own level)
+    pts = {f"{a}/{f}": v for a, tau in (("a0.5", 1.875), ("a0.9", 3.439)) for f, v in (
+        ("spec_tpot_ms_med", 10.0 / tau), ("base_tpot_ms_med", 6.0), ("tokens_per_step_med", tau),
+        ("speedup_med", 6.0 * tau / 10.0), ("rounds", 3.0))}
     c.runs += [run("spec_decode", 30, {**ONE, "experiment.method": "ngram",
-                                       "experiment.num_speculative_tokens": "3"},
+                                       "experiment.num_speculative_tokens": "3",
+                                       "experiment.acceptance": "synthetic"},
                    {"single_stream_tpot_ms": 4.0, "baseline/single_stream_tpot_ms": 6.0,
                     "spec_speedup": 1.5, "single_stream_acceptance_rate": 0.5,
-                    "single_stream_tokens_per_chunk": 2.0})]
+                    "single_stream_tokens_per_chunk": 2.0, **pts},
+                   steps={k: {1: v, 4: v} for k, v in pts.items()})]
     c.runs[1].steps["tpot_ms_p50"].update({2: 6.2, 4: 6.3})  # the projection's k + 1 levels
     monkeypatch.setattr(runner, "load_campaign", lambda uri, campaign_id: c)
     cfg = to_typed(compose_cfg("experiment=report", "experiment.campaign=rank", "tracking=none",

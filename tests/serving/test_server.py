@@ -219,8 +219,8 @@ def test_kv_cache_size_in_gib_goes_to_vllm_in_bytes():
     assert "--kv-cache-memory-bytes" not in server.launch_spec(typed("experiment=macro").server, Path("/m")).argv
 
 
-def test_the_collective_probe_is_loaded_only_where_the_workers_can_import_it():
-    probe = ["--worker-extension-cls", "k25exp.serving.collective_probe.CollectiveProbe"]
+def test_the_worker_extension_is_loaded_only_where_the_workers_can_import_it():
+    probe = ["--worker-extension-cls", "k25exp.serving.worker_extension.K25Worker"]
 
     def has_probe(*overrides):
         argv = server.launch_spec(typed("experiment=macro", *overrides).server, Path("/m")).argv
@@ -231,7 +231,7 @@ def test_the_collective_probe_is_loaded_only_where_the_workers_can_import_it():
     # the workers import it from the k25exp this process runs, wherever they start
     spec = server.launch_spec(typed("experiment=macro", "server.tp=2").server, Path("/m"))
     assert str(Path(__file__).parents[2]) in spec.env["PYTHONPATH"].split(os.pathsep)
-    assert not has_probe("server.tp=1")  # no TP group to time
+    assert has_probe("server.tp=1")  # no TP group to time, but acceptance to set
     assert not has_probe("server.tp=2", "server.collective_probe=false")
     assert not has_probe("server.tp=2", "server.python=/opt/other-venv/bin/python")  # may lack k25exp
     # a user's own extension class wins: vLLM takes one

@@ -8,6 +8,7 @@ Long because three schemas share the macro client's fields and each carries its 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
 
@@ -131,6 +132,10 @@ class MacroConfig(Registered):
     limit_points: Optional[int] = None
     request_timeout_s: float = 300.0  # one request's HTTP timeout; a request past it is an error
     temperature: float = 0.0  # sampling temperature (0 = greedy: the same output every level)
+    # Send experiment.seed with every request (vLLM seeds a sampler per request with it).
+    # false: unseeded. spec_decode turns it off with a synthetic acceptance: one seed would give
+    # every request the same acceptance draws (vLLM draws them from the request's generator).
+    request_seed: bool = True
     # POST /reset_prefix_cache before each level so levels don't help each other.
     reset_prefix_cache: bool = True
     # stream_options.continuous_usage_stats: exact token count of every chunk.
@@ -293,6 +298,21 @@ class SpecDecodeConfig(MacroConfig):
     # synthetic, synthetic_acceptance_length: 2.5}).
     extra: Dict[str, Any] = field(default_factory=dict)
     baseline: bool = True  # also measure the server without speculative decoding
+    # The baseline once more with --no-async-scheduling: the scheduling a drafter that turns
+    # async scheduling off (vLLM's ngram, suffix, medusa ...) runs, so the report can split
+    # the speedup's gap into scheduling and the rest.
+    baseline_sync: bool = True
+    # Acceptance: "synthetic" = vLLM's synthetic rejection sampling at each per-token
+    # acceptance α of `alphas` (p_i = α^(i+1), independent of the weights; one server start
+    # for all of them, α set between measurements: k25exp.serving.spec_acceptance);
+    # "as_model" = what the drafter achieves on the served weights (random or dummy weights
+    # accept whatever their repetitions give, not what a trained model would).
+    acceptance: str = "as_model"
+    alphas: List[float] = field(default_factory=lambda: [0.5, 0.7, 0.9])
+    # Each point measured this many times, every server started afresh each time and the
+    # servers alternated (spec, baseline, baseline_sync, then the reverse order), so the
+    # spread holds what a rerun moves: start-to-start differences and drift.
+    spec_repeats: int = 1
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The speculative setting and the servers it launches."""
@@ -315,6 +335,31 @@ class SpecDecodeConfig(MacroConfig):
             if not Path(self.draft_model).exists():
                 problems.append(f"experiment.draft_model={self.draft_model}: no such folder (or 'self' for "
                                 "the served checkpoint)")
+        if self.acceptance not in ("synthetic", "as_model"):
+            problems.append(f"experiment.acceptance={self.acceptance!r}: expected 'synthetic' (vLLM's "
+                            "synthetic rejection sampling at each of experiment.alphas) or 'as_model'")
+        elif self.acceptance == "synthetic":
+            if not self.alphas:
+                problems.append("experiment.alphas: acceptance=synthetic needs at least one per-token "
+                                "acceptance α")
+            bad = [a for a in self.alphas if not 0.0 <= a <= 1.0]
+            if bad:
+                problems.append(f"experiment.alphas={list(self.alphas)}: each α must be in [0, 1], "
+                                f"not {bad}")
+            if len(self.alphas) > 1:  # α changes between levels, inside the server's workers
+                problems += dev_endpoint_problems(
+                    cfg.server, "experiment.acceptance=synthetic sets each α through /collective_rpc",
+                    ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')")
+                if not cfg.server.collective_probe or cfg.server.python not in (None, sys.executable):
+                    problems.append("experiment.alphas: more than one α needs k25exp's worker "
+                                    "extension in the server (server.collective_probe=true, vLLM run "
+                                    "by this interpreter); or sweep α one job each")
+            if {"rejection_sample_method", "synthetic_acceptance_rates",
+                    "synthetic_acceptance_length"} & set(self.extra):
+                problems.append("experiment.extra sets the rejection sampling: with "
+                                "experiment.acceptance=synthetic k25exp sets it from experiment.alphas")
+        if self.spec_repeats < 1:
+            problems.append(f"experiment.spec_repeats={self.spec_repeats}: expected >= 1")
         clash = sorted({"method", "num_speculative_tokens", "model"} & set(self.extra))
         if clash:
             problems.append(f"experiment.extra sets {clash}: set them with experiment.method / "

@@ -1,0 +1,171 @@
+"""The speculative points the spec_decode runs measured (drafter × k × acceptance ×
+concurrency, each over its rounds), every point projected from the others by the fitted step
+model (k25exp.report.spec_model), the break-even acceptance per concurrency, the split of
+each point's gap to the ideal and the speedup surface.
+
+A run logs its points as `<acceptance>/<figure>` at step = concurrency
+(k25exp.runners.spec_decode_results): acceptance `a0.7` (synthetic α) or `model` (as the
+drafter achieves). Synthetic and as-the-model points are never fitted together: the drafter
+a fit is for names both its method and its acceptance mode.
+"""
+
+from __future__ import annotations
+
+import re
+from statistics import median
+
+from k25exp.report import metrics as M
+from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
+from k25exp.report.sources import Campaign, RunView
+from k25exp.report.spec_model import Point, break_even, fit_step, project, speedup_at
+
+_POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
+SURFACE_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def drafter_name(r: RunView) -> str:
+    method = r.params.get("experiment.method", "?")
+    draft = r.params.get("experiment.draft_model")
+    name = method
+    if method == "draft_model" and draft == "self":
+        name += " (self-draft)"
+    elif draft not in (None, "null", "None", "self") and method not in ("ngram", "ngram_gpu", "suffix"):
+        name += f" (draft {draft.rstrip('/').rsplit('/', 1)[-1]})"
+    mode = r.params.get("experiment.acceptance", "as_model")
+    return f"{name} [{'synthetic' if mode == 'synthetic' else 'as model'}]"
+
+
+def points_of(r: RunView) -> list[Point]:
+    """The run's measured points (none on a run from before points were logged)."""
+    out = []
+    k = r.param("experiment.num_speculative_tokens", int)
+    p_tok = r.param("experiment.input_tokens", int, 0)
+    n_out = r.param("experiment.output_tokens", int, 0)
+    for key in sorted(r.metrics):
+        m = _POINT.match(key)
+        if not m:
+            continue
+        name = m.group(1)
+        alpha = None if name == "model" else float(name[1:])
+        h = {f: r.history(f"{name}/{f}") for f in (
+            "spec_tpot_ms_med", "base_tpot_ms_med", "sync_tpot_ms_med", "tokens_per_step_med",
+            "speedup_med", "speedup_ci_lo", "speedup_ci_hi", "rounds")}
+        for c, spec in sorted(h["spec_tpot_ms_med"].items()):
+            base, tau, sp = (h["base_tpot_ms_med"].get(c), h["tokens_per_step_med"].get(c),
+                             h["speedup_med"].get(c))
+            if base is None or tau is None or sp is None:
+                continue
+            out.append(Point(drafter_name(r), k, alpha, int(c), base, spec, tau, sp, p_tok, n_out,
+                             run=r, sync_ms=h["sync_tpot_ms_med"].get(c),
+                             speedup_lo=h["speedup_ci_lo"].get(c), speedup_hi=h["speedup_ci_hi"].get(c),
+                             rounds=int(h["rounds"].get(c, 1))))
+    return out
+
+
+def _settings(c: Campaign) -> list[RunView]:
+    """The newest run of each setting (method, draft, k, acceptance mode and α's)."""
+    seen, out = set(), []
+    for r in c.of("spec_decode"):
+        key = tuple(r.params.get(k) for k in (
+            "experiment.method", "experiment.draft_model", "experiment.num_speculative_tokens",
+            "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
+            "experiment.prompt_lookup_max", "model.name", "server.tp"))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def spec_sweep(c: Campaign) -> Section:
+    sec = Section("Speculative decoding: measured points, projected from the other points' steps")
+    points = [p for r in _settings(c) for p in points_of(r)]
+    if not points:
+        sec.figures.append(missing(M.SPEC_MODEL_ERR_MAX, "no spec_decode run with measured "
+                                   "points (" + c.why_missing("spec_decode") + ")"
+                                   if not c.of("spec_decode") else "no spec_decode run with "
+                                   "measured points: its runs predate them"))
+        return sec
+    projections = project(points)
+    rows, errors = [], []
+    for pr in projections:
+        p = pr.point
+        err = pr.error_pct
+        if err is not None:
+            errors.append(abs(err))
+        rows.append([p.drafter, p.k, "model" if p.alpha is None else p.alpha, p.c, p.rounds,
+                     p.base_ms, p.sync_ms, p.spec_ms, p.tau, p.speedup, p.speedup_lo, p.speedup_hi,
+                     pr.speedup, err, p.step_ms, pr.step_ms, pr.used, p.run])
+    runs = unique_runs([p.run for p in points])
+    if errors:
+        sec.figures.append(Figure(M.SPEC_MODEL_ERR_MAX, max(errors), runs,
+                                  f"{len(errors)} of {len(points)} points projected; median "
+                                  f"|error| {median(errors):.1f} %"))
+    else:
+        sec.figures.append(missing(M.SPEC_MODEL_ERR_MAX, "no point could be projected (too few "
+                                   "points per drafter)", runs))
+    sec.tables.append(Table(
+        "Measured and projected speedup per point",
+        ["drafter", "k", "α", "c", "rounds", "base TPOT ms", "base sync ms", "spec TPOT ms",
+         "tokens/step", "measured ×", "× CI lo", "× CI hi", "projected ×", "error %",
+         "measured step ms", "projected step ms", "projection used", "run"], rows,
+        "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
+        "TPOT (bootstrap 95 % interval); tokens/step = 1 + accepted/drafts (vLLM's counters); "
+        "measured step = spec TPOT × tokens/step; projected step from the step model fitted on "
+        "the drafter's other points (never the point itself); base sync = the baseline with "
+        "--no-async-scheduling"))
+    _gap_split(sec, points)
+    _break_even(sec, points)
+    return sec
+
+
+def _gap_split(sec: Section, points: list[Point]) -> None:
+    """Per point, spec TPOT against the ideal base/τ (a verification as cheap as an ordinary
+    step at the same scheduling, a free drafter): the part the scheduling explains (the
+    baseline without async scheduling, per emitted token) and the rest (verification of k+1
+    tokens per request, the drafter, the rejection sampler: apart only in a profile)."""
+    rows = []
+    for p in points:
+        if p.sync_ms is None:
+            continue
+        ideal = p.base_ms / p.tau
+        sched = (p.sync_ms - p.base_ms) / p.tau
+        rest = p.spec_ms - p.sync_ms / p.tau
+        rows.append([p.drafter, p.k, "model" if p.alpha is None else p.alpha, p.c, p.spec_ms,
+                     ideal, p.spec_ms - ideal, sched, rest])
+    if rows:
+        sec.tables.append(Table(
+            "Where each point's TPOT goes beyond the ideal (ms per token)",
+            ["drafter", "k", "α", "c", "spec TPOT", "ideal base/τ", "gap", "scheduling",
+             "verification + drafter + sampler"], rows,
+            "ideal = baseline TPOT / tokens per step; scheduling = (baseline without async "
+            "scheduling − baseline) / τ; the rest = spec TPOT − baseline-sync TPOT / τ. "
+            "Verification, drafter and rejection sampler are told apart only by a profile of "
+            "the speculative server"))
+
+
+def _break_even(sec: Section, points: list[Point]) -> None:
+    """Per drafter, k and concurrency: the α where the fitted model's speedup is 1, and the
+    surface of speedups over α (plot) at each concurrency, for the drafter's best k."""
+    rows, series = [], {}
+    groups = sorted({(p.drafter, p.k) for p in points})
+    for drafter, k in groups:
+        mine = [p for p in points if p.drafter == drafter]
+        coef = fit_step(mine)
+        if coef is None:
+            continue
+        at_k = sorted({p.c: p for p in mine if p.k == k}.values(), key=lambda p: p.c)
+        for p in at_k:
+            a = break_even(k, p.c, p.base_ms, coef, p.prompt_tokens, p.output_tokens)
+            rows.append([drafter, k, p.c, p.base_ms, a if a is not None else "never (α = 1 < ×1)"])
+            series[f"{drafter} k={k} c={p.c}"] = [
+                speedup_at(x, k, p.c, p.base_ms, coef, p.prompt_tokens, p.output_tokens)
+                for x in SURFACE_ALPHAS]
+    if rows:
+        sec.tables.append(Table("Break-even acceptance per concurrency (fitted step model)",
+                                ["drafter", "k", "c", "base TPOT ms", "break-even α"], rows,
+                                "the per-token acceptance α at which the projected speedup over "
+                                "the measured baseline is 1; 0 = pays at any acceptance"))
+        sec.plot = {"kind": "sweep", "file": "spec_surface.png", "x": list(SURFACE_ALPHAS),
+                    "series": series, "xlabel": "per-token acceptance α",
+                    "ylabel": "projected speedup over the baseline",
+                    "title": "Speculative decoding: speedup over acceptance, per concurrency"}

@@ -1,0 +1,131 @@
+"""spec_decode's points: every measurement's levels gathered, then per (acceptance, level) the
+median over rounds, the spread and the speedup with its interval; the table and the metrics.
+
+A point is (α, concurrency) of one job (one drafter and k). Per round r the speedup is
+baseline TPOT p50 / speculative TPOT p50 at that level (the round pairs servers measured
+minutes apart); the point's speedup is the median over rounds, with min–max and a bootstrap
+95 % interval of the median (stats.bootstrap_ci; none with one round). The step a
+verification takes, as measured: speculative TPOT × tokens per step, where tokens per step is
+the server's mean acceptance length (1 + accepted / drafts, vLLM's counters over the level).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Optional
+
+from k25exp import tables
+from k25exp.config.experiments import SpecDecodeConfig
+from k25exp.runners import macro
+from k25exp.stats import bootstrap_ci
+from k25exp.tracking.recorder import Capture, Recorder
+
+# per level, from each measurement (the macro's names)
+LEVEL_KEYS = ("tpot_ms_p50", "tpot_ms_mean", "output_tok_s", "tokens_per_chunk",
+              "mean_acceptance_length", "acceptance_rate", "valid", "prefill_tokens_per_decode_step")
+
+
+@dataclass
+class Measured:
+    server: str              # spec | baseline | baseline_sync
+    alpha: Optional[float]   # the synthetic α the spec server ran at; None: as the model / a baseline
+    round: int
+    cap: Capture
+
+    def level(self, c: int) -> dict[str, float]:
+        return {k: v for k in LEVEL_KEYS if (v := self.cap.latest(k).get(c)) is not None}
+
+
+def point_name(alpha: Optional[float]) -> str:
+    """The metric prefix of an acceptance: a0.7, or model (as the drafter achieves)."""
+    return "model" if alpha is None else f"a{alpha:g}"
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"med": median(xs), "min": min(xs), "max": max(xs)} if xs else {}
+
+
+def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
+              rec: Recorder) -> dict[str, float]:
+    """points.csv (every server, α, round and level), results.txt/.csv and the per-point
+    metrics (step = concurrency); returns the summary figures (round 1's spec_speedup)."""
+    shown = {macro.step_of(exp, lv): lv for lv in macro.sweep_levels(exp)}  # step: level
+    levels = list(shown)
+    with open(out / "points.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["server", "alpha", "round", "level", *LEVEL_KEYS])
+        for m in measured:
+            for c in levels:
+                fig = m.level(c)
+                if fig:
+                    w.writerow([m.server, "" if m.alpha is None else m.alpha, m.round, c,
+                                *(fig.get(k, "") for k in LEVEL_KEYS)])
+    by = {(m.server, m.alpha, m.round): m for m in measured}
+    rounds = sorted({m.round for m in measured})
+    alphas = list(dict.fromkeys(m.alpha for m in measured if m.server == "spec"))
+    rows, summary = [], {}
+    for a in alphas:
+        for c in levels:
+            spec = {r: by[("spec", a, r)].level(c) for r in rounds if ("spec", a, r) in by}
+            base = {r: by[("baseline", None, r)].level(c) for r in rounds if ("baseline", None, r) in by}
+            sync = {r: by[("baseline_sync", None, r)].level(c) for r in rounds
+                    if ("baseline_sync", None, r) in by}
+            st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
+            if not st:
+                continue
+            bt = [f["tpot_ms_p50"] for f in base.values() if "tpot_ms_p50" in f]
+            yt = [f["tpot_ms_p50"] for f in sync.values() if "tpot_ms_p50" in f]
+            ratios = [base[r]["tpot_ms_p50"] / spec[r]["tpot_ms_p50"] for r in rounds
+                      if "tpot_ms_p50" in spec.get(r, {}) and "tpot_ms_p50" in base.get(r, {})]
+            tau = [f["mean_acceptance_length"] for f in spec.values() if "mean_acceptance_length" in f]
+            steps = [f["tpot_ms_p50"] * f["mean_acceptance_length"] for f in spec.values()
+                     if "mean_acceptance_length" in f and "tpot_ms_p50" in f]
+            valid = min([f.get("valid", 0.0) for d in (spec, base, sync) for f in d.values()] or [0.0])
+            m: dict[str, float] = {"rounds": float(len(st))}
+            for key, xs in (("spec_tpot_ms", st), ("base_tpot_ms", bt), ("sync_tpot_ms", yt),
+                            ("speedup", ratios), ("step_ms", steps), ("tokens_per_step", tau)):
+                m.update({f"{key}_{s}": v for s, v in _spread(xs).items()})
+            if len(ratios) >= 2:
+                m["speedup_ci_lo"], m["speedup_ci_hi"] = bootstrap_ci(ratios)
+            m["valid"] = valid
+            rec.log_metrics({f"{point_name(a)}/{k}": v for k, v in m.items()}, step=c)
+            rows.append([point_name(a), shown[c], len(st), m.get("base_tpot_ms_med"), m.get("sync_tpot_ms_med"),
+                         m["spec_tpot_ms_med"], m["spec_tpot_ms_min"], m["spec_tpot_ms_max"],
+                         m.get("speedup_med"), m.get("speedup_ci_lo"), m.get("speedup_ci_hi"),
+                         m.get("tokens_per_step_med"), m.get("step_ms_med"), valid])
+    # round 1's single-stream comparison, as the phase has always logged it
+    s1 = by.get(("spec", alphas[0] if alphas else None, 1))
+    b1 = by.get(("baseline", None, 1))
+    if s1 and b1:
+        st1 = s1.cap.latest("single_stream_tpot_ms").get(None)
+        bt1 = b1.cap.latest("single_stream_tpot_ms").get(None)
+        if st1 and bt1:
+            summary["spec_speedup"] = bt1 / st1
+        for c in levels:
+            sf, bf = s1.level(c), b1.level(c)
+            if "tpot_ms_p50" in sf and "tpot_ms_p50" in bf:
+                lm = {"level_spec_speedup": bf["tpot_ms_p50"] / sf["tpot_ms_p50"]}
+                if sf.get("output_tok_s") and bf.get("output_tok_s"):
+                    lm["level_throughput_gain"] = sf["output_tok_s"] / bf["output_tok_s"]
+                rec.log_metrics(lm, step=c)
+    if summary:
+        rec.log_metrics(summary)
+    f = "{:.3f}"
+    cols = [tables.Column("accept", "{}", 8),
+            tables.Column("conc", "{}", 6) if exp.load == "closed" else tables.Column("rate/s", "{:g}", 8),
+            tables.Column("n", "{}", 3), tables.Column("base", "{:.2f}", 8),
+            tables.Column("base_sync", "{:.2f}", 10), tables.Column("spec", "{:.2f}", 8),
+            tables.Column("spec_min", "{:.2f}", 9), tables.Column("spec_max", "{:.2f}", 9),
+            tables.Column("speedup", f, 8), tables.Column("ci_lo", f, 7), tables.Column("ci_hi", f, 7),
+            tables.Column("tok/step", "{:.2f}", 9), tables.Column("step_ms", "{:.2f}", 8),
+            tables.Column("valid", "{:.0f}", 6)]
+    text = tables.write(out / "results", cols, rows,
+                        f"spec_decode: {exp.method}, k = {exp.num_speculative_tokens}, acceptance "
+                        f"{exp.acceptance}; TPOT p50 ms, median over n rounds (spec min/max); "
+                        "speedup = base/spec per round, median and bootstrap 95 % interval; "
+                        "tok/step = 1 + accepted/drafts (server); step_ms = spec TPOT × tok/step")
+    print(text, flush=True)
+    return summary

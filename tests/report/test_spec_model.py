@@ -1,0 +1,95 @@
+"""The speculative step model on hand-built steps: every figure below is worked out by hand
+from S = a + b V + q P, V = c (k + 1), P = c p τ / (n − 1), τ = E(α, k)."""
+
+from __future__ import annotations
+
+import pytest
+
+from k25exp.report.spec_model import Point, break_even, fit_step, project
+from k25exp.serving.spec_acceptance import conditional_rates, expected_tokens, unconditional_rates
+
+P_TOK, N_OUT = 128, 65  # n − 1 = 64: P = c × 128 × τ / 64 = 2 c τ
+A, B, Q = 2.0, 0.5, 0.01  # ms, ms per verified token, ms per prefilled token
+
+
+def step(c, k, tau):
+    return A + B * c * (k + 1) + Q * 2 * c * tau
+
+
+def point(k, alpha, c, base=4.0, spec=None, drafter="ngram"):
+    tau = expected_tokens(alpha, k)
+    spec = step(c, k, tau) / tau if spec is None else spec
+    return Point(drafter, k, alpha, c, base_ms=base, spec_ms=spec, tau=tau, speedup=base / spec,
+                 prompt_tokens=P_TOK, output_tokens=N_OUT)
+
+
+def grid():
+    return [point(k, a, c) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
+
+
+def test_acceptance_rates_by_hand():
+    assert unconditional_rates(0.5, 3) == [0.5, 0.25, 0.125]
+    assert conditional_rates([0.5, 0.25, 0.125]) == [0.5, 0.5, 0.5]  # i.i.d.: each position α
+    assert conditional_rates([0.9, 0.0, 0.0]) == [0.9, 0.0, 0.0]     # nothing after a zero
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(1.0, 3) == 4.0 and expected_tokens(0.0, 3) == 1.0
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        unconditional_rates(1.5, 3)
+
+
+def test_one_hand_computed_point():
+    # k = 3, α = 0.5, c = 4: τ = 1.875, V = 16, P = 2 × 4 × 1.875 = 15, S = 2 + 8 + 0.15 = 10.15
+    p = point(3, 0.5, 4)
+    assert p.tau == pytest.approx(1.875) and p.step_ms == pytest.approx(10.15)
+    assert p.spec_ms == pytest.approx(10.15 / 1.875) and p.speedup == pytest.approx(4 / (10.15 / 1.875))
+
+
+def test_each_point_is_projected_from_the_others_only():
+    pts = grid()
+    assert fit_step(pts) == pytest.approx([A, B, Q])
+    for pr in project(pts):  # exact data: every leave-one-out fit finds the same model
+        assert pr.error_pct == pytest.approx(0.0, abs=1e-9)
+        assert pr.used.startswith("fit over 7 other points of ngram; τ = E(")
+    # the held-out point measured twice as slow: its projection does not move (its own
+    # measurement never enters), so it reads +100 % against it
+    slow = point(3, 0.5, 4, spec=2 * 10.15 / 1.875)
+    pts = [slow if (p.k, p.alpha, p.c) == (3, 0.5, 4) else p for p in grid()]
+    pr = next(x for x in project(pts) if x.point is slow)
+    assert pr.step_ms == pytest.approx(10.15) and pr.error_pct == pytest.approx(100.0)
+
+
+def test_few_points_fall_back_to_the_other_acceptances_step():
+    # two acceptances at one (k, c): each is projected with the other's step
+    a, b = point(3, 0.5, 1), point(3, 0.9, 1)
+    pa, pb = project([a, b])
+    assert pa.step_ms == pytest.approx(b.step_ms) and "1 other acceptance" in pa.used
+    # by hand: S(0.9) = 2 + 2 + 0.02 × 3.439 = 4.06878; τ(0.5) = 1.875 → TPOT 2.169 ms
+    assert pa.speedup == pytest.approx(4.0 / (4.06878 / 1.875))
+    # a drafter is never fitted with another's steps, and a lone point has no projection
+    lone = point(3, 0.5, 1, drafter="eagle3")
+    assert project([a, b, lone])[2].speedup is None
+
+
+def test_as_the_model_achieves_tau_comes_from_other_levels():
+    # the drafter's own acceptance: τ 2.5 measured at c = 2 … 16, 3.0 at c = 1
+    def own(c, tau):
+        return Point("ngram", 3, None, c, 4.0, step(c, 3, tau) / tau, tau, 4.0 / (step(c, 3, tau) / tau),
+                     P_TOK, N_OUT)
+
+    pts = [own(1, 3.0)] + [own(c, 2.5) for c in (2, 4, 8, 16)]
+    pr1 = project(pts)[0]
+    assert pr1.tau == 2.5 and "τ from c ≠ 1 (4 levels)" in pr1.used  # not its own 3.0
+    # one k at one τ: V = 4c and P = 5c move together, so the fit is S = a + b' V with
+    # b' = 0.5 + 0.01 × 5/4 = 0.5125 (q's part folded in): S(c = 1) = 2 + 4 × 0.5125 = 4.05,
+    # the same as the whole model's 2 + 2 + 0.02 × 2.5 at τ 2.5; speedup 4 / (4.05 / 2.5)
+    assert pr1.fit["q"] == 0.0 and pr1.fit["b"] == pytest.approx(0.5125)
+    assert pr1.step_ms == pytest.approx(4.05) and pr1.speedup == pytest.approx(4 / (4.05 / 2.5))
+    assert project(pts[:1])[0].speedup is None  # no other level: no τ to project with
+
+
+def test_break_even_by_hand():
+    coef = [A, B, Q]
+    # k = 1, c = 1, base 2 ms: 2 τ = 3 + 0.02 τ → τ = 3 / 1.98, α = τ − 1
+    assert break_even(1, 1, 2.0, coef, P_TOK, N_OUT) == pytest.approx(3 / 1.98 - 1, abs=1e-9)
+    assert break_even(1, 1, 4.0, coef, P_TOK, N_OUT) == 0.0   # pays at any acceptance
+    assert break_even(1, 1, 1.0, coef, P_TOK, N_OUT) is None  # never pays (even α = 1: 2/3.04)
