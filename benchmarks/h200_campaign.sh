@@ -11,6 +11,8 @@
 #                                              # inside a call's 10 minutes)
 #   benchmarks/h200_campaign.sh kimi-spec      # n-gram speculative decoding on the rank, k = 3,
 #                                              # against its own baseline (one job, two starts)
+#   benchmarks/h200_campaign.sh kimi-spec-synth  # n-gram at synthetic α 0.5/0.7/0.9 against the
+#                                              # baseline with and without async scheduling
 #   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
 #   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
@@ -25,7 +27,7 @@
 #   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-skewed|kimi-bench|tiny|cuda-tests}
+stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-spec-synth|kimi-skewed|kimi-bench|tiny|cuda-tests}
 out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
 campaign=${K25_GPU_CAMPAIGN:-h200-kimi-rank}   # the uniform-routing rank's campaign id
 export PYTHON=${PYTHON:-python3}
@@ -65,6 +67,17 @@ case $stage in
     # the run's own α_eff, so the figure checks the step cost, not a trained model's acceptance
     K25EXP_CAMPAIGN=$campaign PHASES=spec_decode ./multirun.sh "${common[@]}" "${kimi[@]}" \
       spec_decode:spec=ngram 'spec_decode:experiment.concurrency=[1,8,32]' || true ;;
+  kimi-spec-synth)
+    # acceptance as configuration on the rank: n-gram drafts (k = 3) accepted at α = 0.5, 0.7,
+    # 0.9 by vLLM's synthetic rejection sampling (α set in the workers between measurements: one
+    # spec start), against the baseline with and without async scheduling. One round per call
+    # (three starts of the rank fit in a call's 10 minutes, six do not): run the stage again for
+    # more rounds; the report pools the runs of one setting
+    K25EXP_CAMPAIGN=$campaign PHASES=spec_decode ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      spec_decode:spec=ngram spec_decode:experiment.acceptance=synthetic \
+      'spec_decode:experiment.alphas=[0.5,0.7,0.9]' \
+      "spec_decode:experiment.concurrency=${K25_SPEC_LEVELS:-[1,4,16]}" \
+      spec_decode:server.max_num_seqs=64 || true ;;
   kimi-skewed)
     # a campaign of its own: its figures never meet the uniform ones in one sum
     K25EXP_CAMPAIGN=h200-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \

@@ -53,7 +53,7 @@ class Point:
     speedup: float           # median over rounds of base / spec
     prompt_tokens: int
     output_tokens: int
-    run: object = None       # where it came from (report: a RunView)
+    run: tuple = ()          # where it came from (report: its RunViews)
     sync_ms: Optional[float] = None  # baseline with async scheduling off
     speedup_lo: Optional[float] = None
     speedup_hi: Optional[float] = None

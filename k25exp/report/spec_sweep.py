@@ -35,50 +35,63 @@ def drafter_name(r: RunView) -> str:
     return f"{name} [{'synthetic' if mode == 'synthetic' else 'as model'}]"
 
 
-def points_of(r: RunView) -> list[Point]:
-    """The run's measured points (none on a run from before points were logged)."""
+FIELDS = ("spec_tpot_ms_med", "base_tpot_ms_med", "sync_tpot_ms_med", "tokens_per_step_med",
+          "speedup_med", "speedup_ci_lo", "speedup_ci_hi", "rounds")
+
+
+def points_of(runs: list[RunView]) -> list[Point]:
+    """The measured points of one setting's runs (none from runs that predate points). Runs
+    of one setting pool: each figure the median of the runs' medians, the rounds summed, the
+    speedup's interval a bootstrap over the runs' speedups (a run's own with one run)."""
+    from k25exp.stats import bootstrap_ci
+
+    r0 = runs[0]
+    k = r0.param("experiment.num_speculative_tokens", int)
+    p_tok = r0.param("experiment.input_tokens", int, 0)
+    n_out = r0.param("experiment.output_tokens", int, 0)
+    names = sorted({m.group(1) for r in runs for key in r.metrics if (m := _POINT.match(key))})
     out = []
-    k = r.param("experiment.num_speculative_tokens", int)
-    p_tok = r.param("experiment.input_tokens", int, 0)
-    n_out = r.param("experiment.output_tokens", int, 0)
-    for key in sorted(r.metrics):
-        m = _POINT.match(key)
-        if not m:
-            continue
-        name = m.group(1)
+    for name in names:
         alpha = None if name == "model" else float(name[1:])
-        h = {f: r.history(f"{name}/{f}") for f in (
-            "spec_tpot_ms_med", "base_tpot_ms_med", "sync_tpot_ms_med", "tokens_per_step_med",
-            "speedup_med", "speedup_ci_lo", "speedup_ci_hi", "rounds")}
-        for c, spec in sorted(h["spec_tpot_ms_med"].items()):
-            base, tau, sp = (h["base_tpot_ms_med"].get(c), h["tokens_per_step_med"].get(c),
-                             h["speedup_med"].get(c))
-            if base is None or tau is None or sp is None:
+        per_run = [{f: r.history(f"{name}/{f}") for f in FIELDS} for r in runs]
+        levels = sorted({c for h in per_run for c in h["spec_tpot_ms_med"]})
+        for c in levels:
+            have = [h for h in per_run if all(h[f].get(c) is not None for f in (
+                "spec_tpot_ms_med", "base_tpot_ms_med", "tokens_per_step_med", "speedup_med"))]
+            if not have:
                 continue
-            out.append(Point(drafter_name(r), k, alpha, int(c), base, spec, tau, sp, p_tok, n_out,
-                             run=r, sync_ms=h["sync_tpot_ms_med"].get(c),
-                             speedup_lo=h["speedup_ci_lo"].get(c), speedup_hi=h["speedup_ci_hi"].get(c),
-                             rounds=int(h["rounds"].get(c, 1))))
+            med = {f: median(vals) if (vals := [h[f][c] for h in have if c in h[f]]) else None
+                   for f in FIELDS}
+            speedups = [h["speedup_med"][c] for h in have]
+            if len(have) > 1:
+                lo, hi = bootstrap_ci(speedups)
+            else:
+                lo, hi = med["speedup_ci_lo"], med["speedup_ci_hi"]
+            out.append(Point(drafter_name(r0), k, alpha, int(c), med["base_tpot_ms_med"],
+                             med["spec_tpot_ms_med"], med["tokens_per_step_med"], med["speedup_med"],
+                             p_tok, n_out, run=tuple(r for r, h in zip(runs, per_run) if h in have),
+                             sync_ms=med["sync_tpot_ms_med"], speedup_lo=lo, speedup_hi=hi,
+                             rounds=int(sum(h["rounds"].get(c, 1) for h in have))))
     return out
 
 
-def _settings(c: Campaign) -> list[RunView]:
-    """The newest run of each setting (method, draft, k, acceptance mode and α's)."""
-    seen, out = set(), []
+def _settings(c: Campaign) -> list[list[RunView]]:
+    """The campaign's spec_decode runs grouped by setting (method, draft, k, acceptance mode
+    and α's, model, TP), newest first within a group."""
+    groups: dict[tuple, list[RunView]] = {}
     for r in c.of("spec_decode"):
         key = tuple(r.params.get(k) for k in (
             "experiment.method", "experiment.draft_model", "experiment.num_speculative_tokens",
             "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
-            "experiment.prompt_lookup_max", "model.name", "server.tp"))
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
+            "experiment.prompt_lookup_max", "experiment.input_tokens", "experiment.output_tokens",
+            "model.name", "server.tp"))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
 
 
 def spec_sweep(c: Campaign) -> Section:
     sec = Section("Speculative decoding: measured points, projected from the other points' steps")
-    points = [p for r in _settings(c) for p in points_of(r)]
+    points = [p for runs in _settings(c) for p in points_of(runs)]
     if not points:
         sec.figures.append(missing(M.SPEC_MODEL_ERR_MAX, "no spec_decode run with measured "
                                    "points (" + c.why_missing("spec_decode") + ")"
@@ -94,8 +107,8 @@ def spec_sweep(c: Campaign) -> Section:
             errors.append(abs(err))
         rows.append([p.drafter, p.k, "model" if p.alpha is None else p.alpha, p.c, p.rounds,
                      p.base_ms, p.sync_ms, p.spec_ms, p.tau, p.speedup, p.speedup_lo, p.speedup_hi,
-                     pr.speedup, err, p.step_ms, pr.step_ms, pr.used, p.run])
-    runs = unique_runs([p.run for p in points])
+                     pr.speedup, err, p.step_ms, pr.step_ms, pr.used, *p.run[:1]])
+    runs = unique_runs([r for p in points for r in p.run])
     if errors:
         sec.figures.append(Figure(M.SPEC_MODEL_ERR_MAX, max(errors), runs,
                                   f"{len(errors)} of {len(points)} points projected; median "
