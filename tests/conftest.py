@@ -305,6 +305,8 @@ CAMPAIGN_ARGS = [
     # spec_decode: batch 1 only, short requests
     "spec_decode:experiment.concurrency=[1]", "spec_decode:experiment.input_tokens=16",
     "spec_decode:experiment.output_tokens=24", f"spec_decode:experiment.num_speculative_tokens={SPEC_K}",
+    # enough drafts per α that the acceptance read back from vLLM's counters means something
+    "spec_decode:experiment.requests=8",
 ]
 
 

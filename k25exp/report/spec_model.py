@@ -5,12 +5,13 @@ A verification step of a speculative server at concurrency c with k drafts per r
 verifies V = c (k + 1) tokens and emits τ tokens per request (τ = E(α, k) at per-token
 acceptance α; k25exp.serving.spec_acceptance), so TPOT = S / τ, with S the step's time. In a
 closed loop of c requests of `n` output tokens each a request lives (n − 1) / τ decode steps,
-so new requests' prompts (`p` tokens each) are prefilled inside decode steps at
-P = c p τ / (n − 1) tokens per step: a higher acceptance ends requests sooner and makes the
-average step carry more prefill. The model, per drafter (method and scheduling), fitted by
-least squares over measured steps S_meas = spec TPOT × tokens per step (vLLM's counters):
+so while one request decodes, the other c − 1 workers' new prompts (`p` tokens each) are
+prefilled inside its steps at P = (c − 1) p τ / (n − 1) tokens per step: a higher acceptance
+ends requests sooner and makes the average step carry more prefill (none at c = 1, where the
+next prompt waits for the last token). The model, per drafter (method and scheduling), fitted
+by least squares over measured steps S_meas = spec TPOT × tokens per step (vLLM's counters):
 
-    S(c, k, α) = a + b V + q P          V = c (k + 1),  P = c p E(α, k) / (n − 1)
+    S(c, k, α) = a + b V + q P          V = c (k + 1),  P = (c − 1) p E(α, k) / (n − 1)
 
 (SmartSpec/TurboSpec, arXiv 2406.14066, fit the step time from measured steps in the same
 spirit; a closed form that prices a verification step as an ordinary step of c (k+1) requests
@@ -69,7 +70,7 @@ class Point:
 
 def prefill_per_step(c: int, k: int, tau: float, prompt_tokens: int, output_tokens: int) -> float:
     """P: prompt tokens prefilled per decode step in a closed loop (module docstring)."""
-    return c * prompt_tokens * tau / max(output_tokens - 1, 1)
+    return (c - 1) * prompt_tokens * tau / max(output_tokens - 1, 1)
 
 
 def features(p: Point, tau: float) -> list[float]:

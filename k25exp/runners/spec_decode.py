@@ -63,12 +63,12 @@ def servers(cfg: K25Config, spec_json: str) -> dict[str, ServerConfig]:
 
 
 def rounds_order(names: list[str], repeats: int, baseline_first: bool) -> list[list[str]]:
-    """Each round's order: reversed every other round, so no server always goes first; the
-    baseline first in round 1 when it is already running (one start fewer)."""
-    first = list(names)
-    if baseline_first and "baseline" in first:
-        first.remove("baseline")
-        first.insert(0, "baseline")
+    """Each round's order: reversed every other round, so no server always goes first. In
+    round 1 the baseline goes first when it is already running (one start fewer), else last,
+    so a sweep's next job finds it running."""
+    first = [n for n in names if n != "baseline"]
+    if "baseline" in names:
+        first = ["baseline", *first] if baseline_first else [*first, "baseline"]
     return [first if r % 2 == 0 else first[::-1] for r in range(repeats)]
 
 

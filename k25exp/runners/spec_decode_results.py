@@ -25,7 +25,8 @@ from k25exp.tracking.recorder import Capture, Recorder
 
 # per level, from each measurement (the macro's names)
 LEVEL_KEYS = ("tpot_ms_p50", "tpot_ms_mean", "output_tok_s", "tokens_per_chunk",
-              "mean_acceptance_length", "acceptance_rate", "valid", "prefill_tokens_per_decode_step")
+              "mean_acceptance_length", "acceptance_rate", "acceptance_pos0", "spec_drafts",
+              "spec_draft_tokens", "valid", "prefill_tokens_per_decode_step")
 
 
 @dataclass

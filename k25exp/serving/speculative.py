@@ -71,10 +71,16 @@ def speculative_config(exp: SpecDecodeConfig, model_path: Path, cache_dir: Path)
 
 def describe(exp: SpecDecodeConfig) -> str:
     """What this configuration bounds, for the run's tags and the report."""
+    what = _drafter(exp)
     if exp.acceptance == "synthetic":
-        return (f"{exp.method}'s drafting and verification cost at a configured acceptance: "
-                "vLLM's synthetic rejection sampling accepts each draft position with "
-                f"probability α (α in {list(exp.alphas)}), whatever the weights say")
+        return (f"{what}; acceptance configured: vLLM's synthetic rejection sampling accepts "
+                f"each draft position with probability α (α in {list(exp.alphas)}), whatever "
+                "the weights say, so the figures time the drafter and the verification, not "
+                "a model's acceptance")
+    return what
+
+
+def _drafter(exp: SpecDecodeConfig) -> str:
     if exp.method in ("ngram", "ngram_gpu"):
         return ("n-gram prompt lookup, no draft model: drafts only where the last tokens repeat "
                 "earlier ones; k25exp's prompts are random tokens, so what it accepts comes from "

@@ -1,5 +1,5 @@
 """The speculative step model on hand-built steps: every figure below is worked out by hand
-from S = a + b V + q P, V = c (k + 1), P = c p τ / (n − 1), τ = E(α, k)."""
+from S = a + b V + q P, V = c (k + 1), P = (c − 1) p τ / (n − 1), τ = E(α, k)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 from k25exp.report.spec_model import Point, break_even, fit_step, project
 from k25exp.serving.spec_acceptance import conditional_rates, expected_tokens, unconditional_rates
 
-P_TOK, N_OUT = 128, 65  # n − 1 = 64: P = c × 128 × τ / 64 = 2 c τ
+P_TOK, N_OUT = 128, 65  # n − 1 = 64: P = (c − 1) × 128 × τ / 64 = 2 (c − 1) τ
 A, B, Q = 2.0, 0.5, 0.01  # ms, ms per verified token, ms per prefilled token
 
 
 def step(c, k, tau):
-    return A + B * c * (k + 1) + Q * 2 * c * tau
+    return A + B * c * (k + 1) + Q * 2 * (c - 1) * tau
 
 
 def point(k, alpha, c, base=4.0, spec=None, drafter="ngram"):
@@ -38,10 +38,11 @@ def test_acceptance_rates_by_hand():
 
 
 def test_one_hand_computed_point():
-    # k = 3, α = 0.5, c = 4: τ = 1.875, V = 16, P = 2 × 4 × 1.875 = 15, S = 2 + 8 + 0.15 = 10.15
+    # k = 3, α = 0.5, c = 4: τ = 1.875, V = 16, P = 2 × 3 × 1.875 = 11.25,
+    # S = 2 + 8 + 0.1125 = 10.1125
     p = point(3, 0.5, 4)
-    assert p.tau == pytest.approx(1.875) and p.step_ms == pytest.approx(10.15)
-    assert p.spec_ms == pytest.approx(10.15 / 1.875) and p.speedup == pytest.approx(4 / (10.15 / 1.875))
+    assert p.tau == pytest.approx(1.875) and p.step_ms == pytest.approx(10.1125)
+    assert p.spec_ms == pytest.approx(10.1125 / 1.875) and p.speedup == pytest.approx(4 / (10.1125 / 1.875))
 
 
 def test_each_point_is_projected_from_the_others_only():
@@ -52,10 +53,10 @@ def test_each_point_is_projected_from_the_others_only():
         assert pr.used.startswith("fit over 7 other points of ngram; τ = E(")
     # the held-out point measured twice as slow: its projection does not move (its own
     # measurement never enters), so it reads +100 % against it
-    slow = point(3, 0.5, 4, spec=2 * 10.15 / 1.875)
+    slow = point(3, 0.5, 4, spec=2 * 10.1125 / 1.875)
     pts = [slow if (p.k, p.alpha, p.c) == (3, 0.5, 4) else p for p in grid()]
     pr = next(x for x in project(pts) if x.point is slow)
-    assert pr.step_ms == pytest.approx(10.15) and pr.error_pct == pytest.approx(100.0)
+    assert pr.step_ms == pytest.approx(10.1125) and pr.error_pct == pytest.approx(100.0)
 
 
 def test_few_points_fall_back_to_the_other_acceptances_step():
@@ -63,8 +64,8 @@ def test_few_points_fall_back_to_the_other_acceptances_step():
     a, b = point(3, 0.5, 1), point(3, 0.9, 1)
     pa, pb = project([a, b])
     assert pa.step_ms == pytest.approx(b.step_ms) and "1 other acceptance" in pa.used
-    # by hand: S(0.9) = 2 + 2 + 0.02 × 3.439 = 4.06878; τ(0.5) = 1.875 → TPOT 2.169 ms
-    assert pa.speedup == pytest.approx(4.0 / (4.06878 / 1.875))
+    # by hand: S(0.9) at c = 1 = 2 + 2 + 0 (no other request's prefill) = 4; τ(0.5) = 1.875
+    assert pa.speedup == pytest.approx(4.0 / (4.0 / 1.875))
     # a drafter is never fitted with another's steps, and a lone point has no projection
     lone = point(3, 0.5, 1, drafter="eagle3")
     assert project([a, b, lone])[2].speedup is None
@@ -79,17 +80,20 @@ def test_as_the_model_achieves_tau_comes_from_other_levels():
     pts = [own(1, 3.0)] + [own(c, 2.5) for c in (2, 4, 8, 16)]
     pr1 = project(pts)[0]
     assert pr1.tau == 2.5 and "τ from c ≠ 1 (4 levels)" in pr1.used  # not its own 3.0
-    # one k at one τ: V = 4c and P = 5c move together, so the fit is S = a + b' V with
-    # b' = 0.5 + 0.01 × 5/4 = 0.5125 (q's part folded in): S(c = 1) = 2 + 4 × 0.5125 = 4.05,
-    # the same as the whole model's 2 + 2 + 0.02 × 2.5 at τ 2.5; speedup 4 / (4.05 / 2.5)
+    # one k at one τ: V = 4c and P = 5 (c − 1) = 1.25 V − 5 move together, so the fit is
+    # S = a' + b' V with b' = 0.5 + 0.01 × 1.25 = 0.5125, a' = 2 − 0.05 = 1.95 (q's part
+    # folded in): S(c = 1) = 1.95 + 4 × 0.5125 = 4.0, the whole model's 2 + 2 + 0 at c = 1
     assert pr1.fit["q"] == 0.0 and pr1.fit["b"] == pytest.approx(0.5125)
-    assert pr1.step_ms == pytest.approx(4.05) and pr1.speedup == pytest.approx(4 / (4.05 / 2.5))
+    assert pr1.fit["a"] == pytest.approx(1.95)
+    assert pr1.step_ms == pytest.approx(4.0) and pr1.speedup == pytest.approx(4 / (4.0 / 2.5))
     assert project(pts[:1])[0].speedup is None  # no other level: no τ to project with
 
 
 def test_break_even_by_hand():
     coef = [A, B, Q]
-    # k = 1, c = 1, base 2 ms: 2 τ = 3 + 0.02 τ → τ = 3 / 1.98, α = τ − 1
-    assert break_even(1, 1, 2.0, coef, P_TOK, N_OUT) == pytest.approx(3 / 1.98 - 1, abs=1e-9)
+    # k = 1, c = 1 (no prefill shares the step), base 2 ms: S = 2 + 1 = 3, 2 τ = 3 → τ = 1.5,
+    # α = 0.5; at c = 4: S = 2 + 4 + 0.01 × 6 τ, speedup 2 τ / S = 1 → τ = 6 / 1.94
+    assert break_even(1, 1, 2.0, coef, P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
+    assert break_even(1, 4, 4.0, coef, P_TOK, N_OUT) == pytest.approx(6 / 3.94 - 1, abs=1e-9)
     assert break_even(1, 1, 4.0, coef, P_TOK, N_OUT) == 0.0   # pays at any acceptance
-    assert break_even(1, 1, 1.0, coef, P_TOK, N_OUT) is None  # never pays (even α = 1: 2/3.04)
+    assert break_even(1, 1, 1.0, coef, P_TOK, N_OUT) is None  # never pays (α = 1: 2 / 3)

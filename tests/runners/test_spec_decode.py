@@ -4,6 +4,8 @@ the session campaign's spec_decode phase."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import SPEC_K as K
@@ -68,7 +70,42 @@ def test_the_baseline_server_is_started_once_for_the_sweep(sweep):
     first, second = (k.data.metrics for k in kids)
     assert first["server_starts"] == 1 and first["baseline/server_starts"] == 1
     assert second["baseline/server_starts"] == 0 and second["server_starts"] == 1
+    # the baseline without async scheduling: its own start in each job (the baseline is left
+    # running for the next one)
+    assert first["baseline_sync/server_starts"] == 1 and second["baseline_sync/server_starts"] == 1
+    assert "--no-async-scheduling" in kids[0].data.tags["baseline_sync/server.launch_key"] or \
+        kids[0].data.tags["baseline_sync/server.launch_key"] != kids[0].data.tags["baseline/server.launch_key"]
     assert kids[0].data.tags["baseline/server.launch_key"] == kids[1].data.tags["baseline/server.launch_key"]
     assert kids[0].data.tags["server.launch_key"] != kids[1].data.tags["server.launch_key"]
     arts = set(artifact_paths(client, kids[0].info.run_id))
     assert {"spec/requests.jsonl", "baseline/requests.jsonl", "spec/server.log", "results.csv"} <= arts
+
+
+def test_the_synthetic_acceptance_is_what_the_servers_counters_read(sweep):
+    """Each α of the sweep set in the server's workers between levels (one start): the first
+    draft position is accepted with probability α, so vLLM's own counters over a level read
+    α within 4 standard errors of a binomial of that many drafts, worked out here; and a
+    draft model (k drafts at every step) emits E(α, k) = 1 + α + … + α^k tokens per step."""
+    import csv
+    import math
+
+    client, _, kids = sweep
+    for run in kids:
+        assert run.data.tags["spec.acceptance"] == "synthetic"
+        assert run.data.tags["spec.alphas"] == "0.5,0.9"
+        out = Path(run.data.tags["k25exp.output_dir"])
+        rows = [r for r in csv.DictReader(open(out / "points.csv")) if r["server"] == "spec"]
+        assert sorted({float(r["alpha"]) for r in rows}) == [0.5, 0.9]
+        for r in rows:
+            a, drafts = float(r["alpha"]), float(r["spec_drafts"])
+            assert drafts >= 20, r
+            assert abs(float(r["acceptance_pos0"]) - a) <= 4 * math.sqrt(a * (1 - a) / drafts), r
+            if run.data.params["experiment.method"] == "draft_model":
+                # E(α, 3) by hand: 1.875 at 0.5, 3.439 at 0.9; per step the accepted count
+                # has variance Var = E[A²] − E[A]² (A = accepted drafts, 0 … 3):
+                # α = 0.5: E[A²] = .25 + .5 + 1.125 = 1.875, E[A] = .875 → Var 1.109;
+                # α = 0.9: P(A) = .1, .09, .081, .729 → E[A] 2.439, E[A²] 6.975 → Var 1.026
+                tau, var = {0.5: (1.875, 1.109), 0.9: (3.439, 1.026)}[a]
+                assert abs(float(r["mean_acceptance_length"]) - tau) <= 4 * math.sqrt(var / drafts), r
+        # where the CPU build has no synthetic kernel, k25exp's port ran, and the run says so
+        assert "spec.sampler" in run.data.tags

@@ -23,8 +23,14 @@ def test_both_bounds_compose_on_the_embedded_default(tmp_path):
     assert isinstance(ngram, SpecDecodeConfig) and ngram.name == self_.name == "spec_decode"
     assert ngram.method == "ngram" and self_.method == "draft_model" and self_.concurrency == [1]
     spec = speculative_config(ngram, tmp_path, tmp_path)
+    # acceptance is configuration by default: the server starts in synthetic mode at the first
+    # α (α^(i+1) at position i: 0.5, 0.25, 0.125), the others are set between levels
+    assert ngram.acceptance == "synthetic" and ngram.alphas == [0.5, 0.7, 0.9]
     assert spec == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                    "prompt_lookup_max": 4}
+                    "prompt_lookup_max": 4, "rejection_sample_method": "synthetic",
+                    "synthetic_acceptance_rates": [0.5, 0.25, 0.125]}
+    plain = typed("experiment=spec_decode", "experiment.acceptance=as_model").experiment
+    assert "rejection_sample_method" not in speculative_config(plain, tmp_path, tmp_path)
 
 
 def test_self_draft_is_the_same_weights_under_a_config_vllm_loads_as_a_plain_model(tmp_path):
@@ -58,3 +64,21 @@ def test_bad_settings_name_their_keys():
     with pytest.raises(ConfigError, match="server.kind='vllm'"):
         typed("experiment=spec_decode", "server=endpoint", "server.base_url=http://h:1",
               "server.tokenizer=/t")
+
+
+def test_bad_acceptance_settings_name_their_keys():
+    with pytest.raises(ConfigError) as e:
+        typed("experiment=spec_decode", "experiment.acceptance=trained", "experiment.spec_repeats=0")
+    assert "experiment.acceptance='trained': expected 'synthetic'" in str(e.value)
+    assert "experiment.spec_repeats=0: expected >= 1" in str(e.value)
+    with pytest.raises(ConfigError, match=r"experiment.alphas=\[0.5, 1.5\]: each α must be in "
+                                          r"\[0, 1\], not \[1.5\]"):
+        typed("experiment=spec_decode", "experiment.alphas=[0.5,1.5]")
+    with pytest.raises(ConfigError, match="experiment.extra sets the rejection sampling"):
+        typed("experiment=spec_decode", "+experiment.extra.rejection_sample_method=standard")
+    # more than one α is set inside the server's workers: a dev endpoint, loopback only
+    with pytest.raises(ConfigError, match="experiment.acceptance=synthetic sets each α through "
+                                          "/collective_rpc"):
+        typed("experiment=spec_decode", "server.host=0.0.0.0")
+    typed("experiment=spec_decode", "server.host=0.0.0.0", "experiment.alphas=[0.7]",
+          "experiment.reset_prefix_cache=false")  # one α: no dev endpoint needed

@@ -307,7 +307,7 @@ class SpecDecodeConfig(MacroConfig):
     # for all of them, α set between measurements: k25exp.serving.spec_acceptance);
     # "as_model" = what the drafter achieves on the served weights (random or dummy weights
     # accept whatever their repetitions give, not what a trained model would).
-    acceptance: str = "as_model"
+    acceptance: str = "synthetic"
     alphas: List[float] = field(default_factory=lambda: [0.5, 0.7, 0.9])
     # Each point measured this many times, every server started afresh each time and the
     # servers alternated (spec, baseline, baseline_sync, then the reverse order), so the
