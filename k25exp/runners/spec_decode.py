@@ -106,6 +106,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                 cap = Capture(rec if first else MemoryRecorder(), PREFIX[name] if first else "")
                 folder = out / name if first else out / "rounds" / (
                     f"r{r + 1}_{name}" + ("" if a is None else f"_a{a:g}"))
+                conn = None
                 if a is not None:  # the server up (started or reused), then α in its workers
                     conn = connect_server(srv_cfg)
                     got = set_in_server(conn.base_url, unconditional_rates(a, exp.num_speculative_tokens))
@@ -113,6 +114,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                 log.info("spec_decode: round %d, %s server%s", r + 1, name,
                          "" if a is None else f", α = {a:g}")
                 res = macro.run(srv_cfg, Path(folder), cap)
+                if conn is not None and conn.started:  # started here, before the macro reused it
+                    started = {"server_starts": 1.0, "server_start_s": conn.start_s}
+                    cap.log_metrics(started)
+                    res.update(started)
                 if first:
                     summary.update({PREFIX[name] + k: v for k, v in res.items()})
                 measured.append(Measured(name, a, r + 1, cap))
