@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 METHOD = "k25exp_step_burst"
 
@@ -72,27 +72,14 @@ class CollectiveProbe:
                 "device": str(device)}
 
 
-def request_body(ops: Sequence[tuple[str, int]], dtype: str, reps: int, warmup: int,
-                 timeout_s: float) -> dict[str, Any]:
-    """The /collective_rpc body: vLLM passes only string arguments to a worker method."""
-    spec = {"ops": [[op, int(n)] for op, n in ops], "dtype": dtype, "reps": reps,
-            "warmup": warmup}
-    return {"method": METHOD, "args": [json.dumps(spec)], "timeout": timeout_s}
-
-
 def run_in_server(base_url: str, ops: Sequence[tuple[str, int]], dtype: str, reps: int,
                   warmup: int = 5, timeout_s: float = 600.0) -> list[dict]:
     """Every TP worker's answer (rank order) to one probe call through /collective_rpc (a dev
     endpoint: loopback servers only, k25exp.config.dev_endpoints)."""
-    import httpx
+    from k25exp.serving import worker_rpc
 
-    body = request_body(ops, dtype, reps, warmup, timeout_s)
-    r = httpx.post(f"{base_url.rstrip('/')}/collective_rpc", json=body, timeout=timeout_s + 30)
-    if r.status_code == 404:
-        raise RuntimeError("POST /collective_rpc: 404: the server runs without "
-                           "VLLM_SERVER_DEV_MODE=1 (a non-loopback bind)")
-    r.raise_for_status()
-    results = r.json().get("results") or []
+    spec = {"ops": [[op, int(n)] for op, n in ops], "dtype": dtype, "reps": reps, "warmup": warmup}
+    results = worker_rpc.call(base_url, METHOD, spec, timeout_s)
     bad = [x for x in results if not isinstance(x, dict)]
     if bad or not results:
         raise RuntimeError(f"POST /collective_rpc: the workers did not run {METHOD} (is the "

@@ -82,15 +82,9 @@ def set_in_server(base_url: str, rates: Sequence[float], timeout_s: float = 60.0
     """Set the unconditional rates on every worker of a synthetic-mode server (a dev
     endpoint: loopback servers only); returns each worker's answer, rank order. Raises with
     the workers' reason when any could not."""
-    import httpx
+    from k25exp.serving import worker_rpc
 
-    body = {"method": METHOD, "args": [json.dumps({"rates": list(rates)})], "timeout": timeout_s}
-    r = httpx.post(f"{base_url.rstrip('/')}/collective_rpc", json=body, timeout=timeout_s + 30)
-    if r.status_code == 404:
-        raise RuntimeError("POST /collective_rpc: 404: the server runs without "
-                           "VLLM_SERVER_DEV_MODE=1 (a non-loopback bind)")
-    r.raise_for_status()
-    results = r.json().get("results") or []
+    results = worker_rpc.call(base_url, METHOD, {"rates": list(rates)}, timeout_s)
     bad = [x for x in results if not isinstance(x, dict) or not x.get("ok")]
     if bad or not results:
         raise RuntimeError(f"synthetic acceptance not set: {str(bad or results)[:400]} (is the "
