@@ -27,7 +27,7 @@ def make_plots(sections: Sequence[Section], folder: Path) -> dict[str, Path]:
             out[s.title] = _spec_plot(folder / "spec_projection.png", p)
         elif p["kind"] == "sweep":
             out[s.title] = plots.sweep(folder / p["file"], p["x"], p["series"], p["xlabel"],
-                                       p["ylabel"], p["title"])
+                                       p["ylabel"], p["title"], logx=p.get("logx", True))
     return out
 
 

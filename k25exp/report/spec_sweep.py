@@ -181,4 +181,5 @@ def _break_even(sec: Section, points: list[Point]) -> None:
         sec.plot = {"kind": "sweep", "file": "spec_surface.png", "x": list(SURFACE_ALPHAS),
                     "series": series, "xlabel": "per-token acceptance α",
                     "ylabel": "projected speedup over the baseline",
-                    "title": "Speculative decoding: speedup over acceptance, per concurrency"}
+                    "title": "Speculative decoding: speedup over acceptance, per concurrency",
+                    "logx": False}
