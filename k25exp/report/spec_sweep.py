@@ -18,21 +18,17 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign, RunView
 from k25exp.report.spec_model import Point, break_even, fit_step, project, speedup_at
+from k25exp.report.speculative import method_label
 
 _POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
 SURFACE_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def drafter_name(r: RunView) -> str:
-    method = r.params.get("experiment.method", "?")
-    draft = r.params.get("experiment.draft_model")
-    name = method
-    if method == "draft_model" and draft == "self":
-        name += " (self-draft)"
-    elif draft not in (None, "null", "None", "self") and method not in ("ngram", "ngram_gpu", "suffix"):
-        name += f" (draft {draft.rstrip('/').rsplit('/', 1)[-1]})"
+    """What a fit is for: the method and its draft (speculative.method_label), and the
+    acceptance mode."""
     mode = r.params.get("experiment.acceptance", "as_model")
-    return f"{name} [{'synthetic' if mode == 'synthetic' else 'as model'}]"
+    return f"{method_label(r)} [{'synthetic' if mode == 'synthetic' else 'as model'}]"
 
 
 FIELDS = ("spec_tpot_ms_med", "base_tpot_ms_med", "sync_tpot_ms_med", "tokens_per_step_med",

@@ -19,16 +19,8 @@ from typing import Optional, Sequence
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign, RunView
+from k25exp.serving.spec_acceptance import expected_tokens  # E(α, k)
 from k25exp.serving.speculative import MODEL_FREE  # no model: drafting costs host time only
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """E(α, k) = (1 − α^(k+1)) / (1 − α): tokens emitted per verification step."""
-    if not 0.0 <= alpha <= 1.0 or k < 0:
-        raise ValueError(f"need 0 <= alpha <= 1 and k >= 0, got alpha={alpha}, k={k}")
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def effective_alpha(mean_accepted: float, k: int) -> float:
@@ -67,14 +59,19 @@ def drafter(r: RunView) -> str:
     return "unknown"
 
 
-def spec_label(r: RunView) -> str:
-    method, k = r.params.get("experiment.method"), r.params.get("experiment.num_speculative_tokens")
-    d = r.params.get("experiment.draft_model")
-    label = f"{method} k={k}"
+def method_label(r: RunView) -> str:
+    """The method, and what drafts for it: 'ngram', 'draft_model (self-draft)', 'eagle3 (draft X)'."""
+    method, d = r.params.get("experiment.method"), r.params.get("experiment.draft_model")
     if drafter(r) == "self":
-        label += " (self-draft)"
-    elif method not in MODEL_FREE and d not in (None, "null", "self"):
-        label += f" (draft {d.rstrip('/').rsplit('/', 1)[-1]})"
+        return f"{method} (self-draft)"
+    if method not in MODEL_FREE and d not in (None, "null", "None", "self"):
+        return f"{method} (draft {d.rstrip('/').rsplit('/', 1)[-1]})"
+    return str(method)
+
+
+def spec_label(r: RunView) -> str:
+    method, _, what = method_label(r).partition(" ")
+    label = f"{method} k={r.params.get('experiment.num_speculative_tokens')}" + (f" {what}" if what else "")
     extra = [f"{k[len('experiment.extra.'):]}={v}" for k, v in sorted(r.params.items())
              if k.startswith("experiment.extra.")]
     return label + (f" [{', '.join(extra)}]" if extra else "")
