@@ -137,7 +137,7 @@ def _default(f: dataclasses.Field) -> Any:
 
 def _nested(cls: type, f: dataclasses.Field) -> Optional[type]:
     """The dataclass a field holds (fault: FaultConfig), else None."""
-    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    hints = typing.get_type_hints(cls)  # each field's annotation in its own class's module
     t = hints.get(f.name)
     return t if dataclasses.is_dataclass(t) else None
 

@@ -22,6 +22,7 @@ import logging
 import shutil
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -42,7 +43,7 @@ from k25exp.load.client import CompletionClient, run_level
 from k25exp.load.level_figures import decode_prefills
 from k25exp.load.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError
-from k25exp.traces import analyze, summary_text, write_outputs
+from k25exp.traces import analyze, step_phases, summary_text, write_outputs
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,16 @@ class ProfileError(RuntimeError):
     pass
 
 
+def with_scopes(cfg: K25Config) -> K25Config:
+    """The server with vLLM's model-runner scopes on (sample, draft, bookkeep ...: the step's
+    cycle split in k25exp.traces.step_phases); a user's own setting of the variable wins."""
+    return replace(cfg, server=replace(cfg.server, env={**step_phases.ENV, **cfg.server.env}))
+
+
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ProfileConfig = cfg.experiment
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    cfg = with_scopes(cfg)
     trace_dir = _trace_dir(cfg)
     conn = connect_server(cfg)
     record_server(cfg, conn, rec)

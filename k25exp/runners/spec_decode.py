@@ -30,7 +30,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from k25exp.config.experiments import SpecDecodeConfig
 from k25exp.config.schema import K25Config, ServerConfig
@@ -49,16 +49,16 @@ log = logging.getLogger(__name__)
 PREFIX = {"spec": "", "baseline": "baseline/", "baseline_sync": "baseline_sync/"}
 
 
-def servers(cfg: K25Config, spec_json: str) -> dict[str, ServerConfig]:
-    """The servers this job measures, by name (module docstring)."""
-    exp: SpecDecodeConfig = cfg.experiment
+def servers(cfg: K25Config, spec_json: str, baselines: Sequence[str]) -> dict[str, ServerConfig]:
+    """The speculative server and the `baselines` (baseline, baseline_sync) by name (module
+    docstring)."""
     out = {"spec": replace(cfg.server, extra_args=[*cfg.server.extra_args,
                                                    "--speculative-config", spec_json])}
-    if exp.baseline:
+    if "baseline" in baselines:
         out["baseline"] = cfg.server
-        if exp.baseline_sync:
-            out["baseline_sync"] = replace(cfg.server, extra_args=[*cfg.server.extra_args,
-                                                                   "--no-async-scheduling"])
+    if "baseline_sync" in baselines:
+        out["baseline_sync"] = replace(cfg.server, extra_args=[*cfg.server.extra_args,
+                                                               "--no-async-scheduling"])
     return out
 
 
@@ -92,7 +92,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                   "spec.speedup_definition": "baseline TPOT p50 / speculative TPOT p50 at one "
                   "level, paired by round (same prompts, servers measured minutes apart); "
                   "median over rounds, min-max, bootstrap 95 % interval of the median"})
-    named = servers(cfg, spec_json)
+    named = servers(cfg, spec_json, [n for n, on in (("baseline", exp.baseline), (
+        "baseline_sync", exp.baseline and exp.baseline_sync)) if on])
     plan = rounds_order(list(named), exp.spec_repeats,
                         baseline_first=exp.baseline and _running(cfg, model_path))
     measured: list[Measured] = []

@@ -63,6 +63,7 @@ from k25exp.traces.reader import (
     unrecognised_text,
 )
 from k25exp.traces.rules import Rules, load_rules
+from k25exp.traces.step_phases import StepPhases, step_phases
 from k25exp.traces.steps import Step, between_steps_ns, select_steps
 
 IDLE = "idle"
@@ -114,6 +115,7 @@ class RankBreakdown:
     world_size: int | None = None           # distributedInfo.world_size, if recorded
     device_events: dict[str, int] = field(default_factory=dict)  # device work events, by kind
     unrecognised: dict[str, int] = field(default_factory=dict)   # events of unknown kinds, uncounted
+    phases: StepPhases | None = None        # the step's cycle by vLLM's scopes, if recorded
 
     @property
     def steps_analysed(self) -> int:
@@ -198,6 +200,8 @@ class RankBreakdown:
             m["prefill_steps"] = float(self.prefill_steps)
             m["prefill_us_per_token"] = self.prefill_ns / self.prefill_tokens / 1e3
         m.update(self.comm_split_metrics())
+        if self.phases is not None:
+            m.update(self.phases.metrics())
         return m
 
 
@@ -219,8 +223,8 @@ class Analysis:
         """metric -> {mean, min, median, max} over ranks."""
         per = [r.metrics() for r in self.ranks]
         out: dict[str, dict[str, float]] = {}
-        for k in per[0]:
-            xs = [p[k] for p in per]
+        for k in dict.fromkeys(k for p in per for k in p):  # a rank without a figure: left out
+            xs = [p[k] for p in per if k in p]
             out[k] = {"mean": stats.mean(xs), "min": min(xs), "median": stats.median(xs),
                       "max": max(xs)}
         return out
@@ -418,6 +422,7 @@ def analyze_trace(trace: Trace, rules: Rules, max_steps: int | None = None,
         prefill_ns=sel.prefill_ns, prefill_tokens=sel.prefill_tokens,
         collectives=pairs.attribution.counts() if device else None,
         device_events=_device_events(trace), unrecognised=dict(trace.unrecognised),
+        phases=step_phases(trace.annotations, steps, sel.source),
     )
 
 

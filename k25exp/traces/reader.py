@@ -69,9 +69,10 @@ OTHER_KNOWN_CATS = ("python_function", "overhead", "cpu_instant_event", "externa
                     "Trace")
 # The host operator torch records a collective's parameters in; its args name the collective.
 COMMS_OP = "record_param_comms"
-# Annotations worth keeping: vLLM's step markers (execute_...), torch's ProfilerStep#N, and
-# gloo's worker-thread spans of the collectives they run (k25exp.traces.gloo).
-ANNOTATION_PREFIXES = ("execute_", "ProfilerStep#", "gloo:")
+# Annotations worth keeping: vLLM's step markers (execute_...), torch's ProfilerStep#N,
+# gloo's worker-thread spans of the collectives they run (k25exp.traces.gloo) and vLLM's
+# model-runner scopes (sample, draft, ...: k25exp.traces.step_phases).
+ANNOTATION_PREFIXES = ("execute_", "ProfilerStep#", "gloo:", "gpu_model_runner: ")
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 

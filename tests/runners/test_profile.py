@@ -60,6 +60,11 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     kernels = _csv(out / "breakdown" / "top_kernels.csv")
     assert [k["name"] for k in kernels if k["name"].startswith("_C") and k["category"] == "other"] == []
     assert rec.tags["trace.step_source"] == "user_annotation"
+    # vLLM's scopes (k25exp.traces.step_phases): each cycle's phases add up to it, the sampler
+    # ran in its own scope and, without speculation, no drafter did
+    parts = ("verify", "sample", "draft", "bookkeep", "other", "gap")
+    assert sum(metrics[f"phase_{p}_ms"] for p in parts) == pytest.approx(metrics["phase_cycle_ms"])
+    assert metrics["phase_sample_ms"] > 0 and metrics["phase_draft_ms"] == 0
     # the rules' categories, whose shares with idle make up the step (the report counts each)
     rules = yaml.safe_load((ROOT / "conf" / "trace_rules" / "default.yaml").read_text())
     assert rec.tags["trace.categories"].split(",") == rules["categories"]

@@ -24,11 +24,13 @@ from k25exp.config.experiments.serving import (
     SloSearchConfig,
     SpecDecodeConfig,
 )
-from k25exp.config.experiments.traces import ProfileConfig, TraceBreakdownConfig
+from k25exp.config.experiments.speculative import SpeculativeSettings
+from k25exp.config.experiments.traces import ProfileConfig, SpecProfileConfig, TraceBreakdownConfig
 
 __all__ = [
     "EXPERIMENT_SCHEMAS", "ExperimentBase", "Registered", "experiment", "AllReduceSweepConfig",
     "AllToAllConfig", "CollectiveExperiment", "FaultConfig", "NcclBurstConfig", "GemmConfig",
     "ExternalBurst", "ReportConfig", "ScaleOutConfig", "MacroConfig", "MacroFaultConfig",
-    "SloConfig", "SloSearchConfig", "SpecDecodeConfig", "ProfileConfig", "TraceBreakdownConfig",
+    "SloConfig", "SloSearchConfig", "SpecDecodeConfig", "SpeculativeSettings", "ProfileConfig",
+    "SpecProfileConfig", "TraceBreakdownConfig",
 ]

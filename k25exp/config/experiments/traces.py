@@ -10,6 +10,7 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import ExperimentBase, experiment, positive
+from k25exp.config.experiments.speculative import SpeculativeSettings
 from k25exp.config.experiments.serving import (INPUT_TOKENS, MIN_REQUESTS, OUTPUT_TOKENS, ROUNDS,
                                                served_model_problems)
 
@@ -118,3 +119,46 @@ class TraceBreakdownConfig(ExperimentBase):
                             "'experiment.paths=[/data/traces]'")
         positive(self, "experiment", ["top_kernels"], problems)
 
+
+
+@experiment
+@dataclass
+class SpecProfileConfig(ProfileConfig, SpeculativeSettings):
+    """The profile of the speculative server: the same capture with vLLM's --speculative-config
+    (the `spec=` group and experiment.* as spec_decode takes them) at one acceptance, so each
+    decode step's cycle splits into verification, rejection sampler, drafter, bookkeeping and
+    host gap (k25exp.traces.step_phases). Profile the baseline beside it with experiment=profile,
+    and with server.extra_args=[--no-async-scheduling] for a drafter that turns async
+    scheduling off: the report sets the three side by side."""
+
+    recover: ClassVar[Optional[str]] = "k25exp.runners.profile.recover"
+    campaign_order: ClassVar[Optional[int]] = None
+    campaign_sweep: ClassVar[str] = ""
+    headline: ClassVar[tuple[str, ...]] = ("phase_cycle_ms", "phase_verify_ms", "phase_draft_ms",
+                                           "phase_sample_ms", "phase_gap_ms")
+
+    name: str = "spec_profile"
+    _target_: str = "k25exp.runners.spec_profile.run"
+    alphas: List[float] = field(default_factory=lambda: [0.7])  # exactly one: the profiled α
+    server_burst_reps: int = 0  # the burst is the baseline profile's business
+    # The baselines captured after the spec server, at the same level (spec_decode's): the
+    # server without speculation, and it without async scheduling. Both are needed for the
+    # split of the spec cycle's excess (k25exp.traces.step_phases.gap_split).
+    baselines: List[str] = field(default_factory=lambda: ["baseline", "baseline_sync"])
+
+    def check(self, cfg: K25Config, problems: list[str]) -> None:
+        """The capture's checks, the speculative settings', one α."""
+        super().check(cfg, problems)
+        self.speculative_problems(cfg, "spec_profile", problems)
+        if self.acceptance == "synthetic" and len(self.alphas) != 1:
+            problems.append(f"experiment.alphas={list(self.alphas)}: experiment=spec_profile profiles one "
+                            "acceptance; sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')")
+        bad = [b for b in self.baselines if b not in ("baseline", "baseline_sync")]
+        if bad or ("baseline_sync" in self.baselines and "baseline" not in self.baselines):
+            problems.append(f"experiment.baselines={list(self.baselines)}: expected a subset of "
+                            "[baseline, baseline_sync], baseline_sync only beside baseline")
+        if self.acceptance == "synthetic" and cfg.hardware.device == "cpu":
+            # the CPU build has no synthetic sampler: k25exp's port goes in through the workers
+            self.acceptance_rpc_problems(cfg, "experiment.acceptance=synthetic on the CPU build "
+                                         "installs k25exp's synthetic sampler through /collective_rpc",
+                                         ", or profile acceptance=as_model", problems)
