@@ -13,6 +13,11 @@
 #                                              # against its own baseline (one job, two starts)
 #   benchmarks/h200_campaign.sh kimi-spec-synth  # n-gram at synthetic α 0.5/0.7/0.9 against the
 #                                              # baseline with and without async scheduling
+#   benchmarks/h200_campaign.sh kimi-spec-prof-base  # the speculative step profiled (campaign
+#   benchmarks/h200_campaign.sh kimi-spec-prof-spec  # h200-kimi-spec): the baseline's profile,
+#   benchmarks/h200_campaign.sh kimi-spec-prof-sync  # the n-gram server's at each α and level
+#                                              # (one start), the baseline without async
+#                                              # scheduling; K25_SPEC_LEVELS / K25_SPEC_ALPHAS
 #   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
 #   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
@@ -27,7 +32,7 @@
 #   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-spec-synth|kimi-skewed|kimi-bench|tiny|cuda-tests}
+stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-spec-synth|kimi-spec-prof-base|kimi-spec-prof-spec|kimi-spec-prof-sync|kimi-skewed|kimi-bench|tiny|cuda-tests}
 out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
 campaign=${K25_GPU_CAMPAIGN:-h200-kimi-rank}   # the uniform-routing rank's campaign id
 export PYTHON=${PYTHON:-python3}
@@ -78,6 +83,22 @@ case $stage in
       'spec_decode:experiment.alphas=[0.5,0.7,0.9]' \
       "spec_decode:experiment.concurrency=${K25_SPEC_LEVELS:-[1,4,16]}" \
       spec_decode:server.max_num_seqs=64 || true ;;
+  kimi-spec-prof-base|kimi-spec-prof-sync)
+    # the baselines of the speculative profile, one server start each: as vLLM schedules
+    # (async), and without async scheduling (the n-gram drafter's scheduling); a campaign of
+    # their own, so the budget's profile never meets a --no-async-scheduling one
+    sync=()
+    [[ $stage == kimi-spec-prof-sync ]] && sync=('server.extra_args=[--disable-uvicorn-access-log,--no-async-scheduling]')
+    K25EXP_CAMPAIGN=h200-kimi-spec PHASES=profile ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      server.max_num_seqs=64 "${sync[@]}" \
+      "profile:experiment.concurrency=${K25_SPEC_LEVELS:-1,4,16,64}" || true ;;
+  kimi-spec-prof-spec)
+    # the n-gram server profiled at each α × level on one start (α set in its workers):
+    # each cycle split into verification, rejection sampler, drafter, host gap
+    K25EXP_CAMPAIGN=h200-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile spec=ngram \
+      "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 'experiment.baselines=[]' \
+      "experiment.alphas=${K25_SPEC_ALPHAS:-[0.5],[0.7],[0.9]}" \
+      "experiment.concurrency=${K25_SPEC_LEVELS:-1,4}" || true ;;
   kimi-skewed)
     # a campaign of its own: its figures never meet the uniform ones in one sum
     K25EXP_CAMPAIGN=h200-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \

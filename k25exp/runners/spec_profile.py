@@ -3,9 +3,11 @@
 Captures, each the profile runner's (warm-up, the level without the profiler, the capture and
 its breakdown), on the servers spec_decode measures (k25exp.runners.spec_decode.servers):
   spec           vLLM's --speculative-config built from experiment.*; at acceptance=synthetic
-                 started at the one α of experiment.alphas, set once more through its workers
-                 before the capture (the CPU build's synthetic sampler is k25exp's port,
-                 installed there: k25exp.serving.spec_acceptance)
+                 started at α = START_ALPHA whatever the job's, the job's one α of
+                 experiment.alphas set through its workers before the capture (the CPU
+                 build's synthetic sampler is k25exp's port, installed there:
+                 k25exp.serving.spec_acceptance), so a sweep over α and concurrency with
+                 experiment.baselines=[] runs on one server start
   baseline       the same server without it                       (experiment.baselines)
   baseline_sync  the baseline with --no-async-scheduling          (experiment.baselines)
 Each decode step's cycle is split by vLLM's scopes into verification, sampler, drafter,
@@ -37,13 +39,16 @@ from k25exp.tracking.recorder import Capture, Recorder
 log = logging.getLogger(__name__)
 
 PREFIX = {"spec": "", "baseline": "baseline/", "baseline_sync": "baseline_sync/"}
+START_ALPHA = 0.5
 
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SpecProfileConfig = cfg.experiment
     model_path, _ = srv_mod.resolve_model_path(cfg.server, cfg.model, cfg.seed)
-    spec_json = json.dumps(speculative_config(exp, model_path, Path(cfg.server.model_cache)),
-                           sort_keys=True)
+    # started at one α whatever the job's (set in its workers before the capture), so jobs
+    # that differ only in α or concurrency reuse one server start
+    spec_json = json.dumps(speculative_config(replace(exp, alphas=[START_ALPHA]), model_path,
+                                              Path(cfg.server.model_cache)), sort_keys=True)
     k = exp.num_speculative_tokens
     async_kept = exp.method in ASYNC_KEPT
     tags = {"spec.config": spec_json, "spec.method": exp.method,
