@@ -17,6 +17,7 @@ from statistics import median
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign, RunView
+from k25exp.report.spec_profiled import spec_profiled
 from k25exp.report.spec_model import Point, break_even, fit_step, project, speedup_at
 from k25exp.report.speculative import method_label
 
@@ -93,6 +94,7 @@ def spec_sweep(c: Campaign) -> Section:
                                    "points (" + c.why_missing("spec_decode") + ")"
                                    if not c.of("spec_decode") else "no spec_decode run with "
                                    "measured points: its runs predate them"))
+        spec_profiled(sec=sec, c=c)
         return sec
     projections = project(points)
     rows, errors = [], []
@@ -124,6 +126,7 @@ def spec_sweep(c: Campaign) -> Section:
         "--no-async-scheduling"))
     _gap_split(sec, points)
     _break_even(sec, points)
+    spec_profiled(c, sec)
     return sec
 
 
