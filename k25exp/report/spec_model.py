@@ -2,26 +2,33 @@
 projection of every measured point from the others (never from itself).
 
 A verification step of a speculative server at concurrency c with k drafts per request
-verifies V = c (k + 1) tokens and emits τ tokens per request (τ = E(α, k) at per-token
-acceptance α; k25exp.serving.spec_acceptance), so TPOT = S / τ, with S the step's time. In a
-closed loop of c requests of `n` output tokens each a request lives (n − 1) / τ decode steps,
-so while one request decodes, the other c − 1 workers' new prompts (`p` tokens each) are
-prefilled inside its steps at P = (c − 1) p τ / (n − 1) tokens per step: a higher acceptance
-ends requests sooner and makes the average step carry more prefill (none at c = 1, where the
-next prompt waits for the last token). The model, per drafter (method and scheduling), fitted
-by least squares over measured steps S_meas = spec TPOT × tokens per step (vLLM's counters):
+verifies c (k + 1) tokens and emits τ tokens per request (τ = E(α, k) at per-token acceptance
+α; k25exp.serving.spec_acceptance), so TPOT = S / τ, with S the step's time. The step is
+priced against the *reference* step measured at the same c in the same job: the baseline's
+TPOT (one token per request per step), run with the scheduling the drafter runs (the baseline
+without async scheduling for a drafter that turns it off, vLLM's ngram; the baseline for one
+that keeps it, ngram_gpu, eagle): that step already holds whatever an ordinary step of c
+requests costs at c (GEMM shapes, attention, collectives, the scheduling mode), measured, not
+modelled. What speculation adds is fitted by least squares over the drafter's measured steps
+S_meas = spec TPOT × tokens per step (vLLM's counters):
 
-    S(c, k, α) = a + b V + q P          V = c (k + 1),  P = (c − 1) p E(α, k) / (n − 1)
+    S(c, k, α) − R(c) = a + b c k + d c + q ΔP       ΔP = (c − 1) p (E(α, k) − 1) / (n − 1)
 
-(SmartSpec/TurboSpec, arXiv 2406.14066, fit the step time from measured steps in the same
-spirit; a closed form that prices a verification step as an ordinary step of c (k+1) requests
-cannot see the drafter, the rejection sampler or the scheduling mode.)
+b: the k extra tokens per request verified; d: per-request costs of drafting and rejection
+sampling; a: per-step costs; q: the extra prefill a closed loop shares with each step (a
+request lives (n − 1) / τ decode steps, so the other c − 1 workers' new prompts of p tokens
+are prefilled at (c − 1) p τ / (n − 1) tokens per step, τ − 1 more per step than the
+reference's). Columns the points cannot tell apart are dropped, last first (ΔP, then c: one
+k leaves c k and c proportional). SmartSpec/TurboSpec (arXiv 2406.14066) fit a step time from
+measured steps in the same spirit; a closed form that prices a verification step as an
+ordinary step of c (k + 1) requests cannot see the drafter, the sampler or the scheduling.
 
 Projection of a point (drafter, k, α, c): S from the fit over the drafter's *other* points
-(leave-one-out: the point's own measurement never enters), τ = E(α, k) for a synthetic
+(leave-one-out: the point's own speculative measurement never enters; its reference step R(c)
+is the baselines' measurement, not the speculative server's), τ = E(α, k) for a synthetic
 acceptance (configured, not measured), or, as the model achieves it, the tokens per step the
 same run measured at its other levels; projected speedup = measured baseline TPOT / (S / τ).
-With fewer than 4 other points (3 parameters), the step is the median of the other
+With fewer other points than the fit has columns + 1, the step is the median of the other
 acceptances' steps at the same (k, c) instead; each projection names what it used.
 
 Break-even acceptance at c for a drafter and k: the α where the projected speedup over the
@@ -38,7 +45,7 @@ import numpy as np
 
 from k25exp.serving.spec_acceptance import expected_tokens
 
-MIN_FIT = 4  # points for a 3-parameter least-squares fit with one degree of freedom left
+COLUMNS = ("a", "b", "d", "q")  # the fitted coefficients' names (module docstring)
 
 
 @dataclass(frozen=True)
@@ -59,22 +66,28 @@ class Point:
     speedup_lo: Optional[float] = None
     speedup_hi: Optional[float] = None
     rounds: int = 1
+    ref_ms: Optional[float] = None   # the reference step R(c) (module docstring); None: base_ms
 
     @property
     def step_ms(self) -> float:
         return self.spec_ms * self.tau
 
+    @property
+    def reference_ms(self) -> float:
+        return self.base_ms if self.ref_ms is None else self.ref_ms
+
     def label(self) -> str:
         return f"{self.drafter} k={self.k} {'α=%g' % self.alpha if self.alpha is not None else 'as model'} c={self.c}"
 
 
-def prefill_per_step(c: int, k: int, tau: float, prompt_tokens: int, output_tokens: int) -> float:
-    """P: prompt tokens prefilled per decode step in a closed loop (module docstring)."""
-    return (c - 1) * prompt_tokens * tau / max(output_tokens - 1, 1)
+def extra_prefill(c: int, k: int, tau: float, prompt_tokens: int, output_tokens: int) -> float:
+    """ΔP: prompt tokens prefilled per decode step in a closed loop beyond the reference's
+    (module docstring)."""
+    return (c - 1) * prompt_tokens * (tau - 1.0) / max(output_tokens - 1, 1)
 
 
 def features(p: Point, tau: float) -> list[float]:
-    return [1.0, p.c * (p.k + 1), prefill_per_step(p.c, p.k, tau, p.prompt_tokens, p.output_tokens)]
+    return [1.0, p.c * p.k, p.c, extra_prefill(p.c, p.k, tau, p.prompt_tokens, p.output_tokens)]
 
 
 @dataclass
@@ -94,19 +107,21 @@ class Projection:
 
 
 def fit_step(points: Sequence[Point]) -> Optional[np.ndarray]:
-    """(a, b, q) of S = a + b V + q P by least squares over measured steps (P at each point's
-    measured τ: these are measurements); q = 0 when V and P move together over the points
-    (one k at one τ: the prefill term cannot be told apart); None with too few points."""
-    if len(points) < MIN_FIT:
+    """(a, b, d, q) of S − R = a + b c k + d c + q ΔP by least squares over measured steps (ΔP
+    at each point's measured τ: these are measurements); a column the points cannot tell
+    apart from the others is 0, the last first; None with fewer points than kept columns + 1
+    (one degree of freedom left)."""
+    if not points:
         return None
     X = np.array([features(p, p.tau) for p in points])
-    y = np.array([p.step_ms for p in points])
-    if np.linalg.matrix_rank(X) < 3:  # V and P move together (one k, one τ): P dropped
-        if np.linalg.matrix_rank(X[:, :2]) < 2:
-            return None
-        coef, *_ = np.linalg.lstsq(X[:, :2], y, rcond=None)
-        return np.array([coef[0], coef[1], 0.0])
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    y = np.array([p.step_ms - p.reference_ms for p in points])
+    cols = list(range(X.shape[1]))
+    while cols and np.linalg.matrix_rank(X[:, cols]) < len(cols):
+        cols.pop()
+    if len(points) < len(cols) + 1:
+        return None
+    coef = np.zeros(X.shape[1])
+    coef[cols], *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
     return coef
 
 
@@ -133,14 +148,14 @@ def project(points: Sequence[Point]) -> list[Projection]:
             out.append(Projection(p, None, None, None, tau_used))
             continue
         if coef is not None:
-            step = float(np.dot(coef, features(p, tau)))
+            step = p.reference_ms + float(np.dot(coef, features(p, tau)))
             used = f"fit over {len(others)} other points of {p.drafter}; {tau_used}"
-            fit = {"a": float(coef[0]), "b": float(coef[1]), "q": float(coef[2])}
+            fit = dict(zip(COLUMNS, map(float, coef)))
         else:
             same = [q.step_ms for q in others if q.k == p.k and q.c == p.c]
             if not same:
-                out.append(Projection(p, tau, None, None, f"too few points: {len(others)} others "
-                                      f"(a fit needs {MIN_FIT}), none at k={p.k}, c={p.c}"))
+                out.append(Projection(p, tau, None, None, f"too few points to fit: {len(others)} "
+                                      f"others, none at k={p.k}, c={p.c}"))
                 continue
             step = median(same)
             used = f"median step of {len(same)} other acceptance(s) at k={p.k}, c={p.c}; {tau_used}"
@@ -149,20 +164,20 @@ def project(points: Sequence[Point]) -> list[Projection]:
     return out
 
 
-def speedup_at(alpha: float, k: int, c: int, base_ms: float, coef: np.ndarray,
+def speedup_at(alpha: float, k: int, c: int, base_ms: float, ref_ms: float, coef: np.ndarray,
                prompt_tokens: int, output_tokens: int) -> float:
-    """The fitted model's speedup over `base_ms` at acceptance α."""
+    """The fitted model's speedup over `base_ms` at acceptance α (ref_ms: R(c))."""
     tau = expected_tokens(alpha, k)
-    step = coef[0] + coef[1] * c * (k + 1) + coef[2] * prefill_per_step(c, k, tau, prompt_tokens,
-                                                                         output_tokens)
+    step = ref_ms + float(np.dot(coef, [1.0, c * k, c, extra_prefill(c, k, tau, prompt_tokens,
+                                                                      output_tokens)]))
     return base_ms / (step / tau)
 
 
-def break_even(k: int, c: int, base_ms: float, coef: np.ndarray, prompt_tokens: int,
-               output_tokens: int) -> Optional[float]:
-    """The α where the projected speedup is 1 (bisection on [0, 1]); None when it is above 1
-    even at α = 0 (never: a step emits at least one token) or below 1 even at α = 1."""
-    f = lambda a: speedup_at(a, k, c, base_ms, coef, prompt_tokens, output_tokens) - 1.0  # noqa: E731
+def break_even(k: int, c: int, base_ms: float, ref_ms: float, coef: np.ndarray,
+               prompt_tokens: int, output_tokens: int) -> Optional[float]:
+    """The α where the projected speedup is 1 (bisection on [0, 1]); 0 when it pays even at
+    α = 0; None when it stays below 1 even at α = 1 (never)."""
+    f = lambda a: speedup_at(a, k, c, base_ms, ref_ms, coef, prompt_tokens, output_tokens) - 1.0  # noqa: E731
     lo, hi = 0.0, 1.0
     if f(hi) < 0:
         return None

@@ -20,6 +20,7 @@ from k25exp.report.sources import Campaign, RunView
 from k25exp.report.spec_profiled import spec_profiled
 from k25exp.report.spec_model import Point, break_even, fit_step, project, speedup_at
 from k25exp.report.speculative import method_label
+from k25exp.traces.step_phases import ASYNC_KEPT
 
 _POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
 SURFACE_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -44,6 +45,8 @@ def points_of(runs: list[RunView]) -> list[Point]:
 
     r0 = runs[0]
     k = r0.param("experiment.num_speculative_tokens", int)
+    # the reference step (spec_model): the baseline with the drafter's scheduling
+    async_kept = r0.params.get("experiment.method") in ASYNC_KEPT
     p_tok = r0.param("experiment.input_tokens", int, 0)
     n_out = r0.param("experiment.output_tokens", int, 0)
     names = sorted({m.group(1) for r in runs for key in r.metrics if (m := _POINT.match(key))})
@@ -68,6 +71,7 @@ def points_of(runs: list[RunView]) -> list[Point]:
                              med["spec_tpot_ms_med"], med["tokens_per_step_med"], med["speedup_med"],
                              p_tok, n_out, run=tuple(r for r, h in zip(runs, per_run) if h in have),
                              sync_ms=med["sync_tpot_ms_med"], speedup_lo=lo, speedup_hi=hi,
+                             ref_ms=None if async_kept else med["sync_tpot_ms_med"],
                              rounds=int(sum(h["rounds"].get(c, 1) for h in have))))
     return out
 
@@ -121,8 +125,10 @@ def spec_sweep(c: Campaign) -> Section:
          "measured step ms", "projected step ms", "projection used", "run"], rows,
         "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
         "TPOT (bootstrap 95 % interval); tokens/step = 1 + accepted/drafts (vLLM's counters); "
-        "measured step = spec TPOT × tokens/step; projected step from the step model fitted on "
-        "the drafter's other points (never the point itself); base sync = the baseline with "
+        "measured step = spec TPOT × tokens/step; projected step = the reference step measured "
+        "at the same c (base sync for a drafter that turns async scheduling off, else base) + "
+        "what speculation adds, fitted on the drafter's other points (k25exp.report.spec_model; "
+        "never the point's own speculative measurement); base sync = the baseline with "
         "--no-async-scheduling"))
     _gap_split(sec, points)
     _break_even(sec, points)
@@ -167,10 +173,10 @@ def _break_even(sec: Section, points: list[Point]) -> None:
             continue
         at_k = sorted({p.c: p for p in mine if p.k == k}.values(), key=lambda p: p.c)
         for p in at_k:
-            a = break_even(k, p.c, p.base_ms, coef, p.prompt_tokens, p.output_tokens)
+            a = break_even(k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens)
             rows.append([drafter, k, p.c, p.base_ms, a if a is not None else "never (α = 1 < ×1)"])
             series[f"{drafter} k={k} c={p.c}"] = [
-                speedup_at(x, k, p.c, p.base_ms, coef, p.prompt_tokens, p.output_tokens)
+                speedup_at(x, k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens)
                 for x in SURFACE_ALPHAS]
     if rows:
         sec.tables.append(Table("Break-even acceptance per concurrency (fitted step model)",

@@ -1,5 +1,5 @@
 """The speculative step model on hand-built steps: every figure below is worked out by hand
-from S = a + b V + q P, V = c (k + 1), P = (c − 1) p τ / (n − 1), τ = E(α, k)."""
+from S = R(c) + a + b c k + d c + q ΔP, ΔP = (c − 1) p (τ − 1) / (n − 1), τ = E(α, k)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,27 @@ import pytest
 from k25exp.report.spec_model import Point, break_even, fit_step, project
 from k25exp.serving.spec_acceptance import conditional_rates, expected_tokens, unconditional_rates
 
-P_TOK, N_OUT = 128, 65  # n − 1 = 64: P = (c − 1) × 128 × τ / 64 = 2 (c − 1) τ
-A, B, Q = 2.0, 0.5, 0.01  # ms, ms per verified token, ms per prefilled token
+P_TOK, N_OUT = 128, 65  # n − 1 = 64: ΔP = (c − 1) × 128 × (τ − 1) / 64 = 2 (c − 1)(τ − 1)
+A, B, D, Q = 0.5, 0.2, 0.1, 0.01  # ms, ms per extra verified token, ms per request, per prefill token
+
+
+def ref(c):   # the reference step measured at c (the baseline without async scheduling)
+    return 3.0 + 0.25 * c
+
+
+def base(c):  # the baseline's TPOT at c (async scheduling): the speedup's numerator
+    return 2.5 + 0.25 * c
 
 
 def step(c, k, tau):
-    return A + B * c * (k + 1) + Q * 2 * (c - 1) * tau
+    return ref(c) + A + B * c * k + D * c + Q * 2 * (c - 1) * (tau - 1)
 
 
-def point(k, alpha, c, base=4.0, spec=None, drafter="ngram"):
+def point(k, alpha, c, spec=None, drafter="ngram"):
     tau = expected_tokens(alpha, k)
     spec = step(c, k, tau) / tau if spec is None else spec
-    return Point(drafter, k, alpha, c, base_ms=base, spec_ms=spec, tau=tau, speedup=base / spec,
-                 prompt_tokens=P_TOK, output_tokens=N_OUT)
+    return Point(drafter, k, alpha, c, base_ms=base(c), spec_ms=spec, tau=tau,
+                 speedup=base(c) / spec, prompt_tokens=P_TOK, output_tokens=N_OUT, ref_ms=ref(c))
 
 
 def grid():
@@ -38,25 +46,37 @@ def test_acceptance_rates_by_hand():
 
 
 def test_one_hand_computed_point():
-    # k = 3, α = 0.5, c = 4: τ = 1.875, V = 16, P = 2 × 3 × 1.875 = 11.25,
-    # S = 2 + 8 + 0.1125 = 10.1125
+    # k = 3, α = 0.5, c = 4: τ = 1.875, R = 4, c k = 12, ΔP = 2 × 3 × 0.875 = 5.25,
+    # S = 4 + 0.5 + 2.4 + 0.4 + 0.0525 = 7.3525; base TPOT 3.5
     p = point(3, 0.5, 4)
-    assert p.tau == pytest.approx(1.875) and p.step_ms == pytest.approx(10.1125)
-    assert p.spec_ms == pytest.approx(10.1125 / 1.875) and p.speedup == pytest.approx(4 / (10.1125 / 1.875))
+    assert p.tau == pytest.approx(1.875) and p.step_ms == pytest.approx(7.3525)
+    assert p.speedup == pytest.approx(3.5 / (7.3525 / 1.875))
 
 
 def test_each_point_is_projected_from_the_others_only():
     pts = grid()
-    assert fit_step(pts) == pytest.approx([A, B, Q])
+    assert fit_step(pts) == pytest.approx([A, B, D, Q])
     for pr in project(pts):  # exact data: every leave-one-out fit finds the same model
         assert pr.error_pct == pytest.approx(0.0, abs=1e-9)
         assert pr.used.startswith("fit over 7 other points of ngram; τ = E(")
     # the held-out point measured twice as slow: its projection does not move (its own
     # measurement never enters), so it reads +100 % against it
-    slow = point(3, 0.5, 4, spec=2 * 10.1125 / 1.875)
+    slow = point(3, 0.5, 4, spec=2 * 7.3525 / 1.875)
     pts = [slow if (p.k, p.alpha, p.c) == (3, 0.5, 4) else p for p in grid()]
     pr = next(x for x in project(pts) if x.point is slow)
-    assert pr.step_ms == pytest.approx(10.1125) and pr.error_pct == pytest.approx(100.0)
+    assert pr.step_ms == pytest.approx(7.3525) and pr.error_pct == pytest.approx(100.0)
+
+
+def test_the_reference_step_carries_what_an_ordinary_step_costs_at_c():
+    # the same points with a reference step 10 ms slower at c = 4 (a measured baseline whose
+    # step is not linear in c): the fit is unchanged, and the projection follows the reference
+    pts = grid()
+    bumped = [Point(p.drafter, p.k, p.alpha, p.c, p.base_ms, p.spec_ms + (10 / p.tau if p.c == 4 else 0),
+                    p.tau, p.speedup, P_TOK, N_OUT, ref_ms=p.ref_ms + (10 if p.c == 4 else 0))
+              for p in pts]
+    assert fit_step(bumped) == pytest.approx([A, B, D, Q])
+    pr = project(bumped)[1]   # k = 1, α = 0.5, c = 4: S = 4 + 10 + 0.5 + 0.8 + 0.4 + 0.03
+    assert pr.step_ms == pytest.approx(15.73)
 
 
 def test_few_points_fall_back_to_the_other_acceptances_step():
@@ -64,8 +84,9 @@ def test_few_points_fall_back_to_the_other_acceptances_step():
     a, b = point(3, 0.5, 1), point(3, 0.9, 1)
     pa, pb = project([a, b])
     assert pa.step_ms == pytest.approx(b.step_ms) and "1 other acceptance" in pa.used
-    # by hand: S(0.9) at c = 1 = 2 + 2 + 0 (no other request's prefill) = 4; τ(0.5) = 1.875
-    assert pa.speedup == pytest.approx(4.0 / (4.0 / 1.875))
+    # by hand: S(0.9) at c = 1 = 3.25 + 0.5 + 0.6 + 0.1 + 0 (no other request's prefill)
+    # = 4.45; τ(0.5) = 1.875, base 2.75
+    assert pa.speedup == pytest.approx(2.75 / (4.45 / 1.875))
     # a drafter is never fitted with another's steps, and a lone point has no projection
     lone = point(3, 0.5, 1, drafter="eagle3")
     assert project([a, b, lone])[2].speedup is None
@@ -74,26 +95,26 @@ def test_few_points_fall_back_to_the_other_acceptances_step():
 def test_as_the_model_achieves_tau_comes_from_other_levels():
     # the drafter's own acceptance: τ 2.5 measured at c = 2 … 16, 3.0 at c = 1
     def own(c, tau):
-        return Point("ngram", 3, None, c, 4.0, step(c, 3, tau) / tau, tau, 4.0 / (step(c, 3, tau) / tau),
-                     P_TOK, N_OUT)
+        s = step(c, 3, tau) / tau
+        return Point("ngram", 3, None, c, base(c), s, tau, base(c) / s, P_TOK, N_OUT, ref_ms=ref(c))
 
     pts = [own(1, 3.0)] + [own(c, 2.5) for c in (2, 4, 8, 16)]
     pr1 = project(pts)[0]
     assert pr1.tau == 2.5 and "τ from c ≠ 1 (4 levels)" in pr1.used  # not its own 3.0
-    # one k at one τ: V = 4c and P = 5 (c − 1) = 1.25 V − 5 move together, so the fit is
-    # S = a' + b' V with b' = 0.5 + 0.01 × 1.25 = 0.5125, a' = 2 − 0.05 = 1.95 (q's part
-    # folded in): S(c = 1) = 1.95 + 4 × 0.5125 = 4.0, the whole model's 2 + 2 + 0 at c = 1
-    assert pr1.fit["q"] == 0.0 and pr1.fit["b"] == pytest.approx(0.5125)
-    assert pr1.fit["a"] == pytest.approx(1.95)
-    assert pr1.step_ms == pytest.approx(4.0) and pr1.speedup == pytest.approx(4 / (4.0 / 2.5))
+    # one k at one τ: c k = 3c, and ΔP = 3 (c − 1), all in {1, c}: the fit keeps a' + b' 3c
+    # with b' = B + D / 3 + Q = 0.24333, a' = A − 3 Q = 0.47 (d's and q's parts folded in):
+    # S(c = 1) = 3.25 + 0.47 + 0.73 = 4.45, the whole model's 3.25 + 0.5 + 0.6 + 0.1 + 0
+    assert pr1.fit["q"] == 0.0 and pr1.fit["d"] == 0.0
+    assert pr1.fit["b"] == pytest.approx(B + D / 3 + Q) and pr1.fit["a"] == pytest.approx(0.47)
+    assert pr1.step_ms == pytest.approx(4.45) and pr1.speedup == pytest.approx(2.75 / (4.45 / 2.5))
     assert project(pts[:1])[0].speedup is None  # no other level: no τ to project with
 
 
 def test_break_even_by_hand():
-    coef = [A, B, Q]
-    # k = 1, c = 1 (no prefill shares the step), base 2 ms: S = 2 + 1 = 3, 2 τ = 3 → τ = 1.5,
-    # α = 0.5; at c = 4: S = 2 + 4 + 0.01 × 6 τ, speedup 2 τ / S = 1 → τ = 6 / 1.94
-    assert break_even(1, 1, 2.0, coef, P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
-    assert break_even(1, 4, 4.0, coef, P_TOK, N_OUT) == pytest.approx(6 / 3.94 - 1, abs=1e-9)
-    assert break_even(1, 1, 4.0, coef, P_TOK, N_OUT) == 0.0   # pays at any acceptance
-    assert break_even(1, 1, 1.0, coef, P_TOK, N_OUT) is None  # never pays (α = 1: 2 / 3)
+    coef = [A, B, D, Q]
+    # k = 1, c = 1 (no prefill shares the step), R = 2.2, base 2: S = 2.2 + 0.8 = 3, 2 τ = 3
+    # → τ = 1.5, α = 0.5; at c = 4, R = base = 4: S = 5.7 + 0.06 (τ − 1), 4 τ = S → τ = 5.64 / 3.94
+    assert break_even(1, 1, 2.0, 2.2, coef, P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
+    assert break_even(1, 4, 4.0, 4.0, coef, P_TOK, N_OUT) == pytest.approx(5.64 / 3.94 - 1, abs=1e-9)
+    assert break_even(1, 1, 4.0, 2.2, coef, P_TOK, N_OUT) == 0.0   # pays at any acceptance
+    assert break_even(1, 1, 1.0, 2.2, coef, P_TOK, N_OUT) is None  # never pays (α = 1: 2 / 3)
