@@ -124,7 +124,49 @@ def macro_folder(d: Path, experiment: str = "macro") -> Samples:
 def spec_decode_folder(d: Path, experiment: str = "spec_decode") -> Samples:
     base = d / "baseline" / "requests.jsonl"
     return {**serving_samples(d / "spec" / "requests.jsonl"),
-            **(serving_samples(base, "baseline/") if base.exists() else {})}
+            **(serving_samples(base, "baseline/") if base.exists() else {}),
+            **spec_point_samples(d)}
+
+
+def spec_point_samples(d: Path) -> Samples:
+    """The per-point figures (`a<α>/{spec,base,sync}_tpot_ms_med` at step = concurrency, the
+    medians over rounds of each round's TPOT p50): every round's requests of the point pooled
+    (round 1's in spec/, baseline/, baseline_sync/; the others' in rounds/, named by round,
+    server and α: k25exp.runners.spec_decode). One sample per request, as for a level."""
+    cfg_path = d / "config.resolved.yaml"
+    if not cfg_path.exists():
+        return {}
+    import yaml
+
+    exp = yaml.safe_load(cfg_path.read_text()).get("experiment", {})
+    alphas = exp.get("alphas") if exp.get("acceptance") == "synthetic" else None
+    names = [f"a{a:g}" for a in alphas] if alphas else ["model"]
+    rounds = d / "rounds"
+
+    def pooled(files: list[Path]) -> dict[int, list[float]]:
+        recs = [r for f in files if f.exists() for r in _records(f)
+                if r.get("phase") == "sweep" and r.get("ok") and r.get("tpot_s") is not None]
+        out: dict[int, list[float]] = {}
+        for r in recs:
+            out.setdefault(r["level"], []).append(r["tpot_s"] * 1e3)
+        return out
+
+    def folders(server: str, first: str, suffix: str = "") -> list[Path]:
+        extra = sorted(rounds.glob(f"r*_{server}{suffix}/requests.jsonl")) if rounds.is_dir() else []
+        return [d / first / "requests.jsonl", *extra]
+
+    out: Samples = {}
+    base = pooled(folders("baseline", "baseline"))
+    sync = pooled(folders("baseline_sync", "baseline_sync"))
+    for i, name in enumerate(names):
+        a = "" if name == "model" else f"_{name}"
+        # round 1's spec/ holds the first α only; its other α's are rounds/r1_spec_a<α>
+        files = ([d / "spec" / "requests.jsonl"] if i == 0 else []) + (
+            sorted(rounds.glob(f"r*_spec{a}/requests.jsonl")) if rounds.is_dir() else [])
+        for fig, by_level in (("spec_tpot_ms_med", pooled(files)), ("base_tpot_ms_med", base),
+                              ("sync_tpot_ms_med", sync)):
+            out.update({(f"{name}/{fig}", c): v for c, v in by_level.items()})
+    return out
 
 
 def gemm_folder(d: Path, experiment: str = "gemm") -> Samples:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from k25exp.config.spec_methods import EAGLE3_HEAD
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign, RunView
@@ -64,6 +65,8 @@ def method_label(r: RunView) -> str:
     method, d = r.params.get("experiment.method"), r.params.get("experiment.draft_model")
     if drafter(r) == "self":
         return f"{method} (self-draft)"
+    if d == EAGLE3_HEAD:
+        return f"{method} (head built from the target)"
     if method not in MODEL_FREE and d not in (None, "null", "None", "self"):
         return f"{method} (draft {d.rstrip('/').rsplit('/', 1)[-1]})"
     return str(method)

@@ -16,7 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from k25exp.config.experiments import SpecDecodeConfig
+from k25exp.config.experiments import SpeculativeSettings
+from k25exp.config.spec_methods import EAGLE3_HEAD
+from k25exp.serving.draft_head import eagle3_head
 from k25exp.serving.spec_acceptance import speculative_keys
 
 # Methods that need no draft model: the draft_model field is ignored for them.
@@ -52,13 +54,15 @@ def self_draft_checkpoint(model_path: Path, cache_dir: Path) -> Path:
     return out
 
 
-def speculative_config(exp: SpecDecodeConfig, model_path: Path, cache_dir: Path) -> dict[str, Any]:
+def speculative_config(exp: SpeculativeSettings, model_path: Path, cache_dir: Path) -> dict[str, Any]:
     """The --speculative-config JSON object for this experiment."""
     spec: dict[str, Any] = {"method": exp.method, "num_speculative_tokens": exp.num_speculative_tokens}
     if exp.method in ("ngram", "ngram_gpu"):
         spec.update(prompt_lookup_min=exp.prompt_lookup_min, prompt_lookup_max=exp.prompt_lookup_max)
     elif exp.method == "draft_model" and exp.draft_model == "self":
         spec["model"] = str(self_draft_checkpoint(model_path, cache_dir))
+    elif exp.draft_model == EAGLE3_HEAD:  # the config check holds it to method=eagle3
+        spec["model"] = str(eagle3_head(model_path, cache_dir))
     elif exp.method not in MODEL_FREE and exp.draft_model and exp.draft_model != "self":
         # a draft checkpoint, an EAGLE head ...; "self" means nothing to eagle/mtp (mtp reads
         # the target's own MTP layers), so it is left to vLLM's default there
@@ -69,7 +73,7 @@ def speculative_config(exp: SpecDecodeConfig, model_path: Path, cache_dir: Path)
     return spec
 
 
-def describe(exp: SpecDecodeConfig) -> str:
+def describe(exp: SpeculativeSettings) -> str:
     """What this configuration bounds, for the run's tags and the report."""
     what = _drafter(exp)
     if exp.acceptance == "synthetic":
@@ -80,7 +84,7 @@ def describe(exp: SpecDecodeConfig) -> str:
     return what
 
 
-def _drafter(exp: SpecDecodeConfig) -> str:
+def _drafter(exp: SpeculativeSettings) -> str:
     if exp.method in ("ngram", "ngram_gpu"):
         return ("n-gram prompt lookup, no draft model: drafts only where the last tokens repeat "
                 "earlier ones; k25exp's prompts are random tokens, so what it accepts comes from "
@@ -89,4 +93,8 @@ def _drafter(exp: SpecDecodeConfig) -> str:
         return ("the served checkpoint as its own draft: at temperature 0 only numerics (ties "
                 "broken differently by batched and single-token kernels) reject a draft, the "
                 "upper bound on acceptance, at the cost of one full-model pass per draft token")
+    if exp.draft_model == EAGLE3_HEAD:
+        return ("an EAGLE-3 head (one MLA decoder layer reading three target layers) built from the "
+                "served checkpoint's config, with random or dummy weights: it costs what a "
+                "trained head costs per draft, and accepts nothing a trained head would")
     return f"{exp.method} with draft {exp.draft_model or '(vLLM default)'}"

@@ -27,11 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import math
 import random
-import shutil
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,6 +36,7 @@ from k25exp.config.schema import ModelConfig
 from k25exp.model import weight_bytes
 from k25exp.model.quant_config import quantization_config
 from k25exp.model.tp_rank import rank_model
+from k25exp.serving.staged import staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -228,9 +226,7 @@ def generate(m: ModelConfig, seed: int, out: Path) -> Path:
     (replacing it). Returns `out`."""
     served = rank_model(m)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:
         cfg = hf_config(m)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(
@@ -253,12 +249,6 @@ def generate(m: ModelConfig, seed: int, out: Path) -> Path:
              "weights": "model.safetensors" if has_weights(m)
              else "none: serve with server.load_format=dummy (vLLM's random weights)",
              "weight_bytes": est}, indent=2, default=str) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("model folder %s: %s", out, weight_bytes.describe(est))
     return out
 

@@ -66,3 +66,32 @@ def test_figures_without_samples_say_why():
         "no samples (shares of one capture)")
     assert why_no_samples("macro", "tpot_ms_p99", True).startswith("not tested (tail percentile")
     assert "kept no" in why_no_samples("macro", "tpot_ms_p50", False, "run abc kept no `requests.jsonl`")
+
+
+def test_spec_points_pool_every_rounds_requests(tmp_path):
+    """A point's samples: its requests from every round (round 1 in spec/, baseline/ …, the
+    others in rounds/), one TPOT each, by level; counted by hand."""
+    from k25exp.compare.samples import spec_decode_folder
+
+    def write(folder, *tpots_by_level):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        recs = [{"ok": True, "phase": "sweep", "level": c, "tpot_s": t / 1e3, "chunk_s": [0, 1]}
+                for c, ts in tpots_by_level for t in ts]
+        _write(tmp_path / folder / "requests.jsonl", recs)
+
+    (tmp_path / "config.resolved.yaml").write_text(
+        "experiment:\n  acceptance: synthetic\n  alphas: [0.5, 0.9]\n")
+    write("spec", (1, [5.0, 6.0]))                   # round 1, α = 0.5 (the first α)
+    write("rounds/r1_spec_a0.9", (1, [3.0]))         # round 1, α = 0.9
+    write("rounds/r2_spec_a0.5", (1, [7.0]), (4, [9.0]))
+    write("rounds/r2_spec_a0.9", (1, [4.0]))
+    write("baseline", (1, [10.0]))
+    write("rounds/r2_baseline", (1, [11.0]))
+    write("baseline_sync", (1, [12.0]))
+    write("rounds/r2_baseline_sync", (1, [13.0]))
+    s = spec_decode_folder(tmp_path)
+    assert sorted(s[("a0.5/spec_tpot_ms_med", 1)]) == [5.0, 6.0, 7.0]
+    assert s[("a0.5/spec_tpot_ms_med", 4)] == [9.0]
+    assert sorted(s[("a0.9/spec_tpot_ms_med", 1)]) == [3.0, 4.0]
+    assert sorted(s[("a0.9/base_tpot_ms_med", 1)]) == [10.0, 11.0]   # every α's baseline
+    assert sorted(s[("a0.5/sync_tpot_ms_med", 1)]) == [12.0, 13.0]   # not mixed with baseline's

@@ -11,7 +11,7 @@ from k25exp.config.validate import to_typed
 from tests.conftest import compose_cfg
 
 # The experiments whose runners talk to a vLLM server (k25exp/runners/server_run.py's users)
-SERVING = {"macro", "profile", "slo_search", "spec_decode"}
+SERVING = {"macro", "profile", "slo_search", "spec_decode", "spec_profile"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENT_SCHEMAS))
@@ -51,7 +51,7 @@ def test_a_server_setting_on_an_experiment_without_one_is_refused_by_name():
     why = missing_part_error(["experiment=nccl_burst", "debug=quick", "server.port=1"])
     assert why is not None
     assert why.startswith("server.port=1: experiment=nccl_burst has no server")
-    assert "macro, profile, slo_search, spec_decode" in why  # where the group is
+    assert "macro, profile, slo_search, spec_decode, spec_profile" in why  # where the group is
     # a sweep over experiments: the one without a server is named
     why = missing_part_error(["-m", "experiment=macro,gemm", "server=endpoint"])
     assert why is not None and why.startswith("server=endpoint: experiment=gemm has no server")

@@ -8,16 +8,15 @@ Long because three schemas share the macro client's fields and each carries its 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
+from typing import TYPE_CHECKING, ClassVar, List, Optional
 
-from pathlib import Path
 
 from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
+from k25exp.config.experiments.speculative import SpeculativeSettings
 from k25exp.model import routing
 from k25exp.model.quant_config import is_quantized
 from k25exp.model.tp_rank import rank_of
@@ -261,7 +260,7 @@ class MacroConfig(Registered):
 
 @experiment
 @dataclass
-class SpecDecodeConfig(MacroConfig):
+class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
     """Speculative decoding measured with the macro client, against its own baseline.
 
     The server runs with vLLM's --speculative-config built from these fields; the baseline
@@ -272,7 +271,9 @@ class SpecDecodeConfig(MacroConfig):
     no_recovery: ClassVar[str] = ("spec_decode: its speedup needs both servers' phases, and the "
                                   "baseline runs after the speculative one; its requests are kept")
     samples: ClassVar[Optional[str]] = "k25exp.compare.samples.spec_decode_folder"
-    sample_artifacts: ClassVar[tuple[str, ...]] = ("spec/requests.jsonl", "baseline/requests.jsonl")
+    sample_artifacts: ClassVar[tuple[str, ...]] = ("spec/requests.jsonl", "baseline/requests.jsonl",
+                                                   "baseline_sync/requests.jsonl", "rounds",
+                                                   "config.resolved.yaml")
 
     campaign_order: ClassVar[Optional[int]] = 7
     headline: ClassVar[tuple[str, ...]] = ("spec_speedup", "level_spec_speedup", "acceptance_rate")
@@ -284,31 +285,12 @@ class SpecDecodeConfig(MacroConfig):
     name: str = "spec_decode"
     _target_: str = "k25exp.runners.spec_decode.run"
     concurrency: List[int] = field(default_factory=lambda: [1, 2, 4])
-    # vLLM's speculative method: ngram (prompt lookup, no draft model), draft_model, suffix,
-    # eagle, eagle3, mtp ... (vLLM checks the name).
-    method: str = "ngram"
-    num_speculative_tokens: int = 3  # k: tokens drafted per verification step
-    # Model-based methods only: a checkpoint folder (draft model, EAGLE head ...), or, with
-    # method=draft_model, "self" = the served checkpoint as its own draft (the upper bound on
-    # acceptance at temperature 0). Ignored by ngram/suffix; "self" is ignored by eagle/mtp.
-    draft_model: Optional[str] = "self"
-    prompt_lookup_min: int = 1  # ngram: shortest n-gram matched
-    prompt_lookup_max: int = 4  # ngram: longest n-gram matched
-    # Any other --speculative-config keys, passed verbatim (e.g. {rejection_sample_method:
-    # synthetic, synthetic_acceptance_length: 2.5}).
-    extra: Dict[str, Any] = field(default_factory=dict)
+    # (the speculative settings and the acceptance: SpeculativeSettings' fields)
     baseline: bool = True  # also measure the server without speculative decoding
     # The baseline once more with --no-async-scheduling: the scheduling a drafter that turns
     # async scheduling off (vLLM's ngram, suffix, medusa ...) runs, so the report can split
     # the speedup's gap into scheduling and the rest.
     baseline_sync: bool = True
-    # Acceptance: "synthetic" = vLLM's synthetic rejection sampling at each per-token
-    # acceptance α of `alphas` (p_i = α^(i+1), independent of the weights; one server start
-    # for all of them, α set between measurements: k25exp.serving.spec_acceptance);
-    # "as_model" = what the drafter achieves on the served weights (random or dummy weights
-    # accept whatever their repetitions give, not what a trained model would).
-    acceptance: str = "synthetic"
-    alphas: List[float] = field(default_factory=lambda: [0.5, 0.7, 0.9])
     # Each point measured this many times, every server started afresh each time and the
     # servers alternated (spec, baseline, baseline_sync, then the reverse order), so the
     # spread holds what a rerun moves: start-to-start differences and drift.
@@ -317,56 +299,15 @@ class SpecDecodeConfig(MacroConfig):
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The speculative setting and the servers it launches."""
         super().check(cfg, problems)
-        if cfg.server.kind != "vllm":
-            problems.append(f"server.kind={cfg.server.kind!r}: experiment=spec_decode launches its own servers "
-                            "(speculative and baseline) and needs server.kind='vllm'")
-        if not self.method:
-            problems.append("experiment.method: expected a vLLM speculative method (ngram, draft_model, ...)")
-        if self.num_speculative_tokens < 1:
-            problems.append(f"experiment.num_speculative_tokens={self.num_speculative_tokens}: expected >= 1")
-        if self.method in ("ngram", "ngram_gpu"):
-            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-            if lo < 1 or hi < lo:
-                problems.append(f"experiment.prompt_lookup_min={lo}, prompt_lookup_max={hi}: expected "
-                                "1 <= min <= max")
-        elif self.method == "draft_model" and not self.draft_model:
-            problems.append("experiment.draft_model: method=draft_model needs a checkpoint folder or 'self'")
-        elif self.draft_model not in (None, "self") and self.method not in ("suffix",):
-            if not Path(self.draft_model).exists():
-                problems.append(f"experiment.draft_model={self.draft_model}: no such folder (or 'self' for "
-                                "the served checkpoint)")
-        if self.acceptance not in ("synthetic", "as_model"):
-            problems.append(f"experiment.acceptance={self.acceptance!r}: expected 'synthetic' (vLLM's "
-                            "synthetic rejection sampling at each of experiment.alphas) or 'as_model'")
-        elif self.acceptance == "synthetic":
-            if not self.alphas:
-                problems.append("experiment.alphas: acceptance=synthetic needs at least one per-token "
-                                "acceptance α")
-            bad = [a for a in self.alphas if not 0.0 <= a <= 1.0]
-            if bad:
-                problems.append(f"experiment.alphas={list(self.alphas)}: each α must be in [0, 1], "
-                                f"not {bad}")
-            if len(self.alphas) > 1:  # α changes between levels, inside the server's workers
-                problems += dev_endpoint_problems(
-                    cfg.server, "experiment.acceptance=synthetic sets each α through /collective_rpc",
-                    ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')")
-                if not cfg.server.collective_probe or cfg.server.python not in (None, sys.executable):
-                    problems.append("experiment.alphas: more than one α needs k25exp's worker "
-                                    "extension in the server (server.collective_probe=true, vLLM run "
-                                    "by this interpreter); or sweep α one job each")
-            if {"rejection_sample_method", "synthetic_acceptance_rates",
-                    "synthetic_acceptance_length"} & set(self.extra):
-                problems.append("experiment.extra sets the rejection sampling: with "
-                                "experiment.acceptance=synthetic k25exp sets it from experiment.alphas")
+        self.speculative_problems(cfg, "spec_decode", problems)
+        if self.acceptance == "synthetic" and len(self.alphas) > 1:
+            # α changes between levels, inside the server's workers
+            self.acceptance_rpc_problems(
+                cfg, "experiment.acceptance=synthetic sets each α through /collective_rpc",
+                ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')", problems)
         if self.spec_repeats < 1:
             problems.append(f"experiment.spec_repeats={self.spec_repeats}: expected >= 1")
-        clash = sorted({"method", "num_speculative_tokens", "model"} & set(self.extra))
-        if clash:
-            problems.append(f"experiment.extra sets {clash}: set them with experiment.method / "
-                            "num_speculative_tokens / draft_model instead")
-        if any("--speculative-config" in str(a) for a in cfg.server.extra_args):
-            problems.append("server.extra_args has --speculative-config: experiment=spec_decode builds it "
-                            "from experiment.* (and its baseline must run without it)")
+
 
 @experiment
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
+from k25exp.config.spec_methods import DRAFT_SENTINELS, method_problems
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -29,7 +30,8 @@ class SpeculativeSettings:
     num_speculative_tokens: int = 3  # k: tokens drafted per verification step
     # Model-based methods only: a checkpoint folder (draft model, EAGLE head ...), or, with
     # method=draft_model, "self" = the served checkpoint as its own draft (the upper bound on
-    # acceptance at temperature 0). Ignored by ngram/suffix; "self" is ignored by eagle/mtp.
+    # acceptance at temperature 0); with method=eagle3, "eagle3_head" = an EAGLE-3 head built
+    # from the served checkpoint's config (k25exp.serving.draft_head). Ignored by ngram/suffix.
     draft_model: Optional[str] = "self"
     prompt_lookup_min: int = 1  # ngram: shortest n-gram matched
     prompt_lookup_max: int = 4  # ngram: longest n-gram matched
@@ -59,7 +61,7 @@ class SpeculativeSettings:
                                 "1 <= min <= max")
         elif self.method == "draft_model" and not self.draft_model:
             problems.append("experiment.draft_model: method=draft_model needs a checkpoint folder or 'self'")
-        elif self.draft_model not in (None, "self") and self.method not in ("suffix",):
+        elif self.draft_model not in (None, *DRAFT_SENTINELS) and self.method not in ("suffix",):
             if not Path(self.draft_model).exists():
                 problems.append(f"experiment.draft_model={self.draft_model}: no such folder (or 'self' for "
                                 "the served checkpoint)")
@@ -84,6 +86,7 @@ class SpeculativeSettings:
         if any("--speculative-config" in str(a) for a in cfg.server.extra_args):
             problems.append(f"server.extra_args has --speculative-config: experiment={experiment} "
                             "builds it from experiment.*")
+        method_problems(self, cfg, problems)  # what vLLM refuses here, with its message
 
     def acceptance_rpc_problems(self, cfg: K25Config, why: str, instead: str, problems: list[str]) -> None:
         """α set inside the running server's workers (/collective_rpc and k25exp's worker
