@@ -23,8 +23,6 @@ def make_plots(sections: Sequence[Section], folder: Path) -> dict[str, Path]:
                                         "TP: AllReduce × MoE layers": p["tp"]},
                                        "concurrency", "ms per decode step",
                                        "Expert parallelism vs the AllReduce it replaces", logy=True)
-        elif p["kind"] == "spec":
-            out[s.title] = _spec_plot(folder / "spec_projection.png", p)
         elif p["kind"] == "sweep":
             out[s.title] = plots.sweep(folder / p["file"], p["x"], p["series"], p["xlabel"],
                                        p["ylabel"], p["title"], logx=p.get("logx", True))
@@ -59,21 +57,3 @@ def _budget_plot(path: Path, p: dict) -> Path:
     return plots.save(fig, path)
 
 
-def _spec_plot(path: Path, p: dict) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, ys in p["series"].items():
-        ax.plot(p["alphas"], ys, marker=".", label=f"projected, {name}")
-    for i, (label, a, measured, proj) in enumerate(p["points"]):
-        if a is not None and measured is not None:
-            ax.scatter([a], [measured], marker="*", s=140, color=f"C{i + 5}", zorder=3,
-                       label=f"measured, {label}")
-        if a is not None and proj is not None:
-            ax.scatter([a], [proj], marker="x", s=60, color=f"C{i + 5}", zorder=3)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set(xlabel="per-token acceptance α", ylabel="speedup over batch-1 TPOT",
-           title="Speculative decoding: projected (lines, ×) vs measured (★)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    return plots.save(fig, path)

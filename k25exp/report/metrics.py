@@ -57,7 +57,6 @@ SCALEOUT_SPLIT = Metric(None, "wait / transport split of the collectives at TP N
 # placeholders for a missing source: never a value, never logged
 A2A_SWEEP = Metric(None, "all_to_all sweep")
 AR_SWEEP = Metric(None, "allreduce_sweep sweep")
-SPEC_PROJECTION = Metric(None, "projection")
 SPEC_MEASURED_NONE = Metric(None, "measured speedup")
 SPEC_MODEL_ERR_MAX = Metric("spec_model_err_pct_max", "speculative projection error, worst "
                             "|·| over the measured points (step model, each point from the others)",
@@ -67,13 +66,12 @@ FIGURES = (TPOT, COMM, GEMM, REST, COMM_SHARE_BURST, COMM_SHARE_PROFILE, COMM_SH
            COMM_SHARE_WAIT, COMM_SHARE_DIFF, COMM_SHARE_SERVER_BURST,
            COMM_DIFF_PLACEMENT, COMM_DIFF_PATTERN, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
            ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, SCALEOUT_TPOT_C1, SCALEOUT_BURST,
-           SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_PROJECTION, SPEC_MEASURED_NONE,
+           SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_MEASURED_NONE,
            SPEC_MODEL_ERR_MAX)
 
 # Speculative decoding: one figure per measured setting, keyed by the setting's name (an
 # identifier of the setting, not the figure's label).
 SPEC_MEASURED = "spec_measured_speedup."
-SPEC_PROJECTED = "spec_projected_speedup."
 
 
 def _slug(setting: str) -> str:
@@ -86,10 +84,6 @@ def _slug(setting: str) -> str:
 
 def spec_measured(setting: str) -> Metric:
     return Metric(SPEC_MEASURED + _slug(setting), f"measured speedup, {setting}", "×")
-
-
-def spec_projected(setting: str) -> Metric:
-    return Metric(SPEC_PROJECTED + _slug(setting), f"projected speedup, {setting}", "×")
 
 
 # Logged beside the figures by k25exp.runners.campaign_report.

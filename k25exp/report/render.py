@@ -65,7 +65,7 @@ def headline(sections: Sequence[Section]) -> list[Figure]:
     figs = {f.key or f.label: f for s in sections for f in s.figures}  # by key: labels may vary
     out = [figs[m.key or m.label] for m in HEADLINE if (m.key or m.label) in figs]
     out += [f for s in sections for f in s.figures
-            if (f.key or "").startswith((M.SPEC_MEASURED, M.SPEC_PROJECTED))]
+            if (f.key or "").startswith(M.SPEC_MEASURED) or f.key == M.SPEC_MODEL_ERR_MAX.key]
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from statistics import median
+from typing import Sequence
 
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
@@ -23,7 +24,6 @@ from k25exp.report.speculative import method_label
 from k25exp.traces.step_phases import ASYNC_KEPT
 
 _POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
-SURFACE_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def drafter_name(r: RunView) -> str:
@@ -90,7 +90,9 @@ def _settings(c: Campaign) -> list[list[RunView]]:
     return list(groups.values())
 
 
-def spec_sweep(c: Campaign) -> Section:
+def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+               ) -> Section:
+    """The section (module docstring); `alphas`: the surface's acceptance axis."""
     sec = Section("Speculative decoding: measured points, projected from the other points' steps")
     points = [p for runs in _settings(c) for p in points_of(runs)]
     if not points:
@@ -131,7 +133,7 @@ def spec_sweep(c: Campaign) -> Section:
         "never the point's own speculative measurement); base sync = the baseline with "
         "--no-async-scheduling"))
     _gap_split(sec, points)
-    _break_even(sec, points)
+    _break_even(sec, points, alphas)
     spec_profiled(c, sec)
     return sec
 
@@ -161,7 +163,7 @@ def _gap_split(sec: Section, points: list[Point]) -> None:
             "the speculative server"))
 
 
-def _break_even(sec: Section, points: list[Point]) -> None:
+def _break_even(sec: Section, points: list[Point], alphas: Sequence[float]) -> None:
     """Per drafter, k and concurrency: the α where the fitted model's speedup is 1, and the
     surface of speedups over α (plot) at each concurrency, for the drafter's best k."""
     rows, series = [], {}
@@ -177,13 +179,13 @@ def _break_even(sec: Section, points: list[Point]) -> None:
             rows.append([drafter, k, p.c, p.base_ms, a if a is not None else "never (α = 1 < ×1)"])
             series[f"{drafter} k={k} c={p.c}"] = [
                 speedup_at(x, k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens)
-                for x in SURFACE_ALPHAS]
+                for x in alphas]
     if rows:
         sec.tables.append(Table("Break-even acceptance per concurrency (fitted step model)",
                                 ["drafter", "k", "c", "base TPOT ms", "break-even α"], rows,
                                 "the per-token acceptance α at which the projected speedup over "
                                 "the measured baseline is 1; 0 = pays at any acceptance"))
-        sec.plot = {"kind": "sweep", "file": "spec_surface.png", "x": list(SURFACE_ALPHAS),
+        sec.plot = {"kind": "sweep", "file": "spec_surface.png", "x": list(alphas),
                     "series": series, "xlabel": "per-token acceptance α",
                     "ylabel": "projected speedup over the baseline",
                     "title": "Speculative decoding: speedup over acceptance, per concurrency",

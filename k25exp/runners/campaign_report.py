@@ -62,8 +62,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         if so.collectives_campaign else None, tpot)
     sections: list[Section] = [
         budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
-        expert_parallel.expert_parallel(c), speculative.speculative(c, exp.alphas, exp.draft_lengths),
-        spec_sweep.spec_sweep(c)]
+        expert_parallel.expert_parallel(c), speculative.speculative(c),
+        spec_sweep.spec_sweep(c, exp.alphas)]
     if scaled is not None:
         sections.insert(3, scaled)
     if refused:  # refused by name, never summed

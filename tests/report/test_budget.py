@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from k25exp.report import budget, expert_parallel, speculative
@@ -81,51 +79,20 @@ def test_a_lagged_single_stream_phase_is_called_out():
     assert any("single-stream phase is flagged invalid" in n for n in notes(0.0))
 
 
-def test_spec_projection_uses_the_measured_verification_cost():
-    macro = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {1: 10.0, 2: 12.0, 4: 16.0}})
+def test_batch_1_speculation_as_measured():
     spec = run("spec_decode", {"single_stream_tpot_ms": 8.0, "baseline/single_stream_tpot_ms": 10.0,
                                "spec_speedup": 1.25, "single_stream_acceptance_rate": 0.5,
                                "single_stream_tokens_per_chunk": 2.0},
                {"experiment.method": "ngram", "experiment.num_speculative_tokens": "3"})
-    sec = speculative.speculative(Campaign("c", "uri", [macro, spec]), [0.0, 0.5, 1.0], [1, 3, 7])
-    free = sec.tables[0]
-    assert free.columns == ["α", "k=1", "k=3"]  # no macro level at 8 → k=7 left out, and said so
-    assert any("[7]" in n for n in sec.notes)
-    # α=1, k=3: 4 tokens per 16 ms step → 4 ms → 2.5× over 10 ms
-    assert free.rows[2][2] == pytest.approx(10.0 / (16.0 / 4))
-    assert free.rows[0][1] == pytest.approx(10.0 / 12.0)  # α=0: every step costs the verify of k+1
-    selfd = sec.tables[1]
-    assert selfd.rows[2][2] == pytest.approx(10.0 / ((16.0 + 3 * 10.0) / 4))
+    sec = speculative.speculative(Campaign("c", "uri", [spec]))
+    (row,) = sec.tables[0].rows
     # 2 tokens per streamed step, drafted or not → the α whose E(α, 3) is 2
-    a_eff = effective_alpha(1.0, 3)
-    assert expected_tokens(a_eff, 3) == pytest.approx(2.0)
-    proj = sec.get("projected speedup, ngram k=3")
-    assert proj.value == pytest.approx(10.0 / (16.0 / 2.0))
-    row = sec.tables[2].rows[0]
-    assert row[2] == pytest.approx(2.0) and row[9] == pytest.approx(8.0 * 2.0)  # measured step
-    # at the run's own step cost (16 ms for 2 tokens), α = 1 gives 4 tokens: 10 / (16 / 4)
-    what_if = sec.tables[3]
-    assert what_if.columns[1:4] == ["α=0", "α=0.5", "α=1"]
-    assert what_if.rows[0][1:4] == pytest.approx([10.0 / 16.0, 10.0 / (16.0 / 1.875), 10.0 / 4.0])
+    assert expected_tokens(row[3], 3) == pytest.approx(2.0)
+    assert row[4:8] == [10.0, 8.0, 1.25, pytest.approx(8.0 * 2.0)]  # measured step = TPOT × tokens
     assert sec.get("measured speedup, ngram k=3").value == 1.25
-    assert not math.isnan(proj.value)
-
-
-def test_an_open_loop_macro_run_is_never_read_as_concurrencies():
-    # the newer macro run is an open loop at 2 and 4 req/s: its steps are 2000 and 4000, and
-    # its TPOT there says nothing about the step cost at concurrency k+1
-    closed = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {2: 12.0, 4: 16.0}},
-                 params={"experiment.load": "closed"}, t=10)
-    opened = run("macro", {"single_stream_tpot_ms": 11.0}, steps={"tpot_ms_p50": {2000: 30.0, 4000: 90.0}},
-                 params={"experiment.load": "open"}, t=20)
-    sec = speculative.speculative(Campaign("c", "uri", [closed, opened]), [1.0], [1, 3])
-    assert sec.tables[0].rows[0][1:] == pytest.approx([10.0 / (12.0 / 2), 10.0 / (16.0 / 4)])
-    assert closed.short in sec.tables[0].note and opened.short not in sec.tables[0].note
-    # with only the open-loop run there is no projection, and the reason says why
-    alone = speculative.speculative(Campaign("c", "uri", [opened]), [1.0], [1, 3])
-    assert not alone.tables
-    why = next(f.missing for f in alone.figures if f.value is None)
-    assert "no finished closed-loop `macro` run" in why and "rates, not concurrencies" in why
+    # no projection from the macro's TPOT at c = k + 1 any more (the step model replaced it)
+    assert not [f for f in sec.figures if "projected" in f.label]
+    assert speculative.speculative(Campaign("c", "uri", [])).figures[0].value is None
 
 
 def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
@@ -156,25 +123,19 @@ def test_int4_models_use_w4a16_only_where_the_checkpoint_is_int4():
 
 
 def test_spec_settings_that_differ_only_in_extra_are_kept_apart():
-    macro = run("macro", {"single_stream_tpot_ms": 10.0}, steps={"tpot_ms_p50": {4: 16.0}})
     common = {"experiment.method": "draft_model", "experiment.num_speculative_tokens": "3"}
     m = {"single_stream_tpot_ms": 20.0, "baseline/single_stream_tpot_ms": 10.0, "spec_speedup": 0.5,
          "single_stream_tokens_per_chunk": 2.0}
-    runs = [macro,
-            run("spec_decode", m, {**common, "experiment.draft_model": "self",
+    runs = [run("spec_decode", m, {**common, "experiment.draft_model": "self",
                                    "experiment.extra.synthetic_acceptance_length": "2.5"}, t=1),
             run("spec_decode", m, {**common, "experiment.draft_model": "self",
                                    "experiment.extra.synthetic_acceptance_length": "1.5"}, t=2),
             run("spec_decode", m, {**common, "experiment.draft_model": "/models/small-draft"}, t=3)]
-    sec = speculative.speculative(Campaign("c", "uri", runs), [0.5], [3])
+    sec = speculative.speculative(Campaign("c", "uri", runs))
     measured = [f.label for f in sec.figures if f.label.startswith("measured")]
     assert len(measured) == 3 and len(set(measured)) == 3
     assert "measured speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]" in measured
-    # a draft model nobody measured has no known drafting cost: no projection, and it says why
-    small = sec.get("projected speedup, draft_model k=3 (draft small-draft)")
-    assert small.value is None and "not measured" in small.missing
-    selfd = sec.get("projected speedup, draft_model k=3 (self-draft) [synthetic_acceptance_length=2.5]")
-    assert selfd.value == pytest.approx(10.0 / ((16.0 + 3 * 10.0) / 2.0))
+    assert "measured speedup, draft_model k=3 (draft small-draft)" in measured
 
 
 def test_every_share_is_a_percentage_of_its_denominator():

@@ -23,8 +23,7 @@ LOGGED = {
     "comm_share_server_burst", "comm_diff_placement_pp", "comm_diff_pattern_pp",
     "tpot_pred_err_pct_worst", "allreduce_busbw_pct_of_link", "ep_break_even_concurrency",
     "a2a_knee_tokens_per_gpu", "spec_measured_speedup.ngram_k_3",
-    "spec_projected_speedup.ngram_k_3", "spec_measured_speedup.draft_model_k_3_self_draft",
-    "spec_projected_speedup.draft_model_k_3_self_draft", "phases_missing", "figures_missing",
+    "spec_measured_speedup.draft_model_k_3_self_draft", "phases_missing", "figures_missing",
     "runs_refused", "tpot_pred_err_pct_max",
     # per macro level
     "tpot_pred_ms", "tpot_pred_err_pct", "tpot_pred_err_same_server_pct",
@@ -93,7 +92,7 @@ def test_relabelling_every_figure_renames_no_metric(tmp_path, monkeypatch):
         if isinstance(getattr(M, name), M.Metric):
             old = getattr(M, name)
             monkeypatch.setattr(M, name, dataclasses.replace(old, label="relabelled " + old.label))
-    for name in ("spec_measured", "spec_projected"):  # the per-setting figures' labels too
+    for name in ("spec_measured",):  # the per-setting figures' labels too
         make = getattr(M, name)
         monkeypatch.setattr(M, name, lambda s, make=make: dataclasses.replace(
             make(s), label="relabelled " + make(s).label))
@@ -107,7 +106,7 @@ def test_declared_figures_have_distinct_keys():
     keys = [m.key for m in M.FIGURES if m.key is not None]
     assert len(keys) == len(set(keys))
     assert all(m in M.FIGURES for m in vars(M).values() if isinstance(m, M.Metric))
-    assert M.spec_measured("ngram k=3").key != M.spec_projected("ngram k=3").key
+    assert M.spec_measured("ngram k=3").key != M.spec_measured("ngram k=5").key
 
 
 def test_two_figures_on_one_key_and_an_undeclared_figure_are_errors():

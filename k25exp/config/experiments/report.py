@@ -75,15 +75,14 @@ class ReportConfig(ExperimentBase):
     # GEMM kernel whose M=1 latency counts as the step's GEMM time; null = the GEMM run's
     # baseline for an unquantized model, the fastest W4A16 kernel for an INT4 one.
     gemm_kernel: Optional[str] = None
-    # Speculative-decoding projection grid: per-token acceptance rates and draft lengths.
-    alphas: List[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
-    draft_lengths: List[int] = field(default_factory=lambda: [1, 3, 7])  # k, draft tokens per step
+    # The acceptance axis of the speculative speedup surface (per-token α, fitted step model).
+    alphas: List[float] = field(default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
     # A campaign of one TP-N rank (model.tp_rank_of=N): TPOT at TP N predicted from it
     # (k25exp.report.scale_out).
     scale_out: ScaleOutConfig = field(default_factory=ScaleOutConfig)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
-        """The store it reads and the projection grid."""
+        """The store it reads and the speculative surface's axis."""
         super().check(cfg, problems)
         if not self.tracking_uri:
             problems.append("experiment.tracking_uri: no MLflow store to read the campaign from (tracking="
@@ -91,8 +90,6 @@ class ReportConfig(ExperimentBase):
                             "or http://host:5000")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             problems.append(f"experiment.alphas={self.alphas}: acceptance rates must lie in [0, 1]")
-        if any(k < 1 for k in self.draft_lengths):
-            problems.append(f"experiment.draft_lengths={self.draft_lengths}: expected draft lengths >= 1")
         box = self.scale_out.external.hardware
         if box is not None:  # β of the modelled collectives at TP N (k25exp.report.scale_out)
             key = "experiment.scale_out.external.hardware"
