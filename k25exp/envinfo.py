@@ -10,7 +10,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from k25exp import vllm_kernels
+from k25exp import code_hash, vllm_kernels
 from k25exp.serving import vllm_version
 
 UNAVAILABLE = "unavailable"
@@ -41,6 +41,10 @@ def host_tags(root: Path) -> dict[str, str]:
         tags["git_commit"] = commit
         tags["git_dirty"] = str(bool(_git(root, "status", "--porcelain", "--untracked-files=no")))
         tags["git_diff_sha256"] = diff_hash(root)
+    code = code_hash.working_tree_hash(root)
+    if code:  # what can change a figure (k25exp.code_hash): the report's provenance reads it
+        tags["code_sha256"] = code
+        tags["code_sha256.scope"] = code_hash.DESCRIPTION
     tags.update(cpu_tags())
     tags.update(cuda_tags(torch))
     # vllm.version on every run ("not installed" where it is not), the source that release was

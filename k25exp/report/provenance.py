@@ -1,12 +1,18 @@
 """Which of a campaign's runs may meet in one sum.
 
 Figures from runs of another model, hardware, TP degree, dtype, communicator, vLLM version,
-vLLM CPU kernel build, attention backend, device or code commit answer another question; summing them with the
+vLLM CPU kernel build, attention backend, device or code answer another question; summing them with the
 rest makes a number nobody measured. So the report keeps only the runs that agree with the
 campaign on every field below and refuses the others by name, with the field that differs.
 The campaign's value of a field is the one most of its runs carry (ties: the newest run's),
 so one stray run cannot take the campaign over. A field a run does not carry (an older run,
 a phase it does not apply to) is not checked for that run.
+
+Code is compared by what can change a figure (k25exp.code_hash): the run's code_sha256 tag,
+or, for a run logged before runs carried it, the same hash of its git commit's tree (when
+the commit is in this repository and the run's tree was clean), so two commits that differ
+only in the report, the docs or the tests measure the same; a run with neither is compared
+by its commit. code_source() says which each run's value came from.
 
 TP is the degree each phase ran at, not hardware.tp alone: server.tp for the served phases
 (a server may run at another TP than the hardware config's), the GEMM job's own
@@ -15,9 +21,13 @@ experiment.tp (the shard it timed), hardware.tp for the collectives (TP = their 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
+
+from k25exp import code_hash
 
 from k25exp.report.sources import Campaign, RunView
 from k25exp.serving.vllm_version import NOT_INSTALLED
@@ -26,6 +36,38 @@ COLLECTIVE_PHASES = ("nccl_burst", "allreduce_sweep")  # all_to_all times c10d b
 SERVED_PHASES = ("macro", "profile", "spec_decode")
 # vllm.cpu_isa values that name no kernel build (none loaded, a process gone, a GPU build)
 NO_BUILD = ("none", "unknown", "n/a")
+
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout the report runs in, if it is one
+
+
+@functools.lru_cache(maxsize=None)
+def _commit_code(commit: str) -> Optional[str]:
+    return code_hash.commit_hash(REPO, commit)
+
+
+def code_of(r: RunView) -> Optional[str]:
+    """The run's code (module docstring): its code_sha256, else its clean commit's tree hash,
+    else "commit <sha>" (+ its diff hash when the tree was dirty); None without either."""
+    if r.tags.get("code_sha256"):
+        return r.tags["code_sha256"]
+    commit = r.tags.get("git_commit")
+    if not commit:
+        return None
+    if r.tags.get("git_dirty", "False") == "False" and (h := _commit_code(commit)):
+        return h
+    dirty = r.tags.get("git_diff_sha256")
+    return f"commit {commit}" + (f" + diff {dirty[:12]}" if dirty and dirty != "clean" else "")
+
+
+def code_source(r: RunView) -> str:
+    """Where code_of's value came from, for the report."""
+    if r.tags.get("code_sha256"):
+        return "code_sha256 tag"
+    v = code_of(r)
+    if v is None:
+        return "nothing (no code_sha256, no git_commit)"
+    return "commit's tree" if not v.startswith("commit ") else "commit alone"
 
 
 @dataclass(frozen=True)
@@ -84,7 +126,7 @@ FIELDS = (
     Field("vllm.cpu_isa (kernel build)", cpu_build),
     Field("vllm.attention_backend", attention_backend, SERVED_PHASES),
     Field("device (device_found)", lambda r: r.tags.get("device_found")),
-    Field("git_commit", lambda r: r.tags.get("git_commit")),
+    Field("code_sha256", lambda r: code_of(r)),
 )
 
 
@@ -138,5 +180,13 @@ def random_weights(c: Campaign) -> bool:
 
 
 def ran_with(c: Campaign) -> str:
-    """One line for the report's header: what the campaign's runs agree they ran."""
-    return "; ".join(f"{k} {v}" for k, v in campaign_values(c).items())
+    """One line for the report's header: what the campaign's runs agree they ran (the code by
+    its hash's first 12 characters, and where the runs' hashes came from)."""
+    vals = campaign_values(c)
+    if "code_sha256" in vals and not vals["code_sha256"].startswith("commit "):
+        vals["code_sha256"] = vals["code_sha256"][:12]
+    sources = Counter(code_source(r) for r in c.runs if r.status == "FINISHED")
+    if sources:
+        vals["code_sha256"] = (vals.get("code_sha256", "?") + " (runs' code by: " + ", ".join(
+            f"{src} {n}" for src, n in sources.most_common()) + ")")
+    return "; ".join(f"{k} {v}" for k, v in vals.items())

@@ -65,7 +65,8 @@ def test_a_run_of_another_model_is_refused_by_name():
     assert stray not in kept.runs and len(kept.runs) == len(c.runs)
     other_code = run("gemm", 98, {"experiment.tp": "2"}, tags={"git_commit": "def"})
     _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [other_code]))
-    assert refused[0].field == "git_commit" and refused[0].value == "def"
+    # commits this repository does not have: compared by the commit alone
+    assert refused[0].field == "code_sha256" and refused[0].value == "commit def"
     torch_burst = run("nccl_burst", 97, {"experiment.communicator": "torch", "experiment.tokens": "1"})
     _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [torch_burst]))
     assert refused[0].field == "experiment.communicator" and refused[0].expected == "vllm"

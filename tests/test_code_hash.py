@@ -1,0 +1,89 @@
+"""The code a figure was measured with (k25exp.code_hash) and the report's provenance by it,
+on a throwaway git repository whose files and commits are made here."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+import pytest
+
+from k25exp import code_hash
+from k25exp.report import provenance
+from k25exp.report.sources import Campaign, RunView
+
+
+def git(root, *args):
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "t@example.com")
+    git(tmp_path, "config", "user.name", "t")
+    for path, text in {"k25exp/runners/macro.py": "A = 1\n", "k25exp/report/render.py": "R = 1\n",
+                       "conf/server/vllm.yaml": "port: 8000\n", "docs/x.md": "doc\n",
+                       "pyproject.toml": "[project]\n"}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "one")
+    return tmp_path
+
+
+def commit(root, path, text, msg):
+    (root / path).write_text(text)
+    git(root, "commit", "-qam", msg)
+    return git(root, "rev-parse", "HEAD")
+
+
+def test_blob_ids_are_gits():
+    assert code_hash.blob_id(b"A = 1\n") == hashlib.sha1(b"blob 6\0A = 1\n").hexdigest()
+
+
+def test_a_working_tree_and_its_commit_hash_alike_and_only_measuring_code_counts(repo):
+    first = git(repo, "rev-parse", "HEAD")
+    h = code_hash.working_tree_hash(repo)
+    assert h == code_hash.commit_hash(repo, first)
+    # by hand: the three files in scope (docs/ and the report are not), sorted by path
+    blobs = {p: code_hash.blob_id((repo / p).read_bytes())
+             for p in ("conf/server/vllm.yaml", "k25exp/runners/macro.py", "pyproject.toml")}
+    assert h == hashlib.sha256("".join(f"{p}\0{b}\n" for p, b in sorted(blobs.items())).encode()).hexdigest()
+    docs_only = commit(repo, "docs/x.md", "other doc\n", "docs")
+    report_only = commit(repo, "k25exp/report/render.py", "R = 2\n", "report")
+    assert code_hash.commit_hash(repo, docs_only) == code_hash.commit_hash(repo, report_only) == h
+    (repo / "k25exp/runners/macro.py").write_text("A = 2\n")   # uncommitted: counted
+    assert code_hash.working_tree_hash(repo) != h
+    assert code_hash.commit_hash(repo, "0" * 40) is None
+
+
+def view(i, tags):
+    return RunView(f"run{i}".ljust(32, "0"), "1", "macro", "FINISHED", i,
+                   params={"model.name": "tiny_kimi"}, tags=tags)
+
+
+def test_runs_of_two_commits_that_differ_outside_the_measuring_code_meet(repo, monkeypatch):
+    monkeypatch.setattr(provenance, "REPO", repo)
+    provenance._commit_code.cache_clear()
+    first = git(repo, "rev-parse", "HEAD")
+    report_only = commit(repo, "k25exp/report/render.py", "R = 3\n", "report")
+    runner = commit(repo, "k25exp/runners/macro.py", "A = 3\n", "runner")
+    clean = {"git_dirty": "False"}
+    runs = [view(1, {"git_commit": first, **clean}), view(2, {"git_commit": report_only, **clean}),
+            view(3, {"code_sha256": code_hash.commit_hash(repo, first)}),   # a newer run's tag
+            view(4, {"git_commit": runner, **clean})]
+    kept, refused = provenance.check(Campaign("c", "uri", runs))
+    assert [r.run_id[:4] for r in kept.runs] == ["run1", "run2", "run3"]
+    assert len(refused) == 1 and refused[0].field == "code_sha256"
+    assert refused[0].value == code_hash.commit_hash(repo, runner)
+    assert provenance.code_source(runs[0]) == "commit's tree"
+    assert provenance.code_source(runs[2]) == "code_sha256 tag"
+    # a dirty tree's commit says nothing of what ran: compared by commit and diff
+    dirty = view(5, {"git_commit": first, "git_dirty": "True", "git_diff_sha256": "ab" * 32})
+    assert provenance.code_of(dirty) == f"commit {first} + diff {'ab' * 6}"
+    line = provenance.ran_with(kept)
+    assert f"code_sha256 {code_hash.commit_hash(repo, first)[:12]}" in line
+    assert "(runs' code by: commit's tree 2, code_sha256 tag 1)" in line
+    provenance._commit_code.cache_clear()
