@@ -25,9 +25,11 @@ ordinary step of c (k + 1) requests cannot see the drafter, the sampler or the s
 
 Projection of a point (drafter, k, α, c): S from the fit over the drafter's *other* points
 (leave-one-out: the point's own speculative measurement never enters; its reference step R(c)
-is the baselines' measurement, not the speculative server's), τ = E(α, k) for a synthetic
-acceptance (configured, not measured), or, as the model achieves it, the tokens per step the
-same run measured at its other levels; projected speedup = measured baseline TPOT / (S / τ).
+is the baselines' measurement, not the speculative server's); τ for a synthetic acceptance =
+1 + η (E(α, k) − 1), η the drafter's proposal efficiency measured at its other points of the
+same k (an n-gram drafter that finds no match proposes fewer than k tokens, and a position
+never proposed is never accepted: on the CPU default η fell to 0.76 at k = 5, α = 0.9), or,
+as the model achieves it, the tokens per step the same run measured at its other levels; projected speedup = measured baseline TPOT / (S / τ).
 With fewer other points than the fit has columns + 1, the step is the median of the other
 acceptances' steps at the same (k, c) instead; each projection names what it used.
 
@@ -125,11 +127,28 @@ def fit_step(points: Sequence[Point]) -> Optional[np.ndarray]:
     return coef
 
 
+def proposal_efficiency(p: Point, points: Sequence[Point]) -> tuple[float, str]:
+    """η: how much of a configured acceptance's E(α, k) − 1 the drafter's steps emitted, the
+    median of (τ − 1) / (E(α, k) − 1) over the drafter's *other* synthetic points at the same
+    k. Below 1 when the drafter proposes fewer than k tokens (n-gram lookup finds no match,
+    or a shorter one): those positions are never offered to the sampler. 1 (said so) with no
+    other point."""
+    ratios = [(q.tau - 1.0) / (e - 1.0) for q in points
+              if q is not p and q.drafter == p.drafter and q.k == p.k and q.alpha is not None
+              and (e := expected_tokens(q.alpha, q.k)) > 1.0]
+    if not ratios:
+        return 1.0, "η = 1 (no other point at this k)"
+    eta = median(ratios)
+    return eta, f"η = {eta:.3f} from {len(ratios)} other points at k={p.k}"
+
+
 def projected_tau(p: Point, points: Sequence[Point]) -> tuple[Optional[float], str]:
-    """τ for projecting p: E(α, k) when α is configured; as the model achieves it, the median
-    of the same drafter and k's measured τ at other levels."""
+    """τ for projecting p: at a configured α, 1 + η (E(α, k) − 1), η the drafter's proposal
+    efficiency at other points (proposal_efficiency); as the model achieves it, the median of
+    the same drafter and k's measured τ at other levels."""
     if p.alpha is not None:
-        return expected_tokens(p.alpha, p.k), f"τ = E({p.alpha:g}, {p.k})"
+        eta, how = proposal_efficiency(p, points)
+        return 1.0 + eta * (expected_tokens(p.alpha, p.k) - 1.0), f"τ = 1 + η (E({p.alpha:g}, {p.k}) − 1), {how}"
     other = [q.tau for q in points if q.drafter == p.drafter and q.k == p.k and q.alpha is None
              and q.c != p.c]
     if not other:
@@ -165,19 +184,20 @@ def project(points: Sequence[Point]) -> list[Projection]:
 
 
 def speedup_at(alpha: float, k: int, c: int, base_ms: float, ref_ms: float, coef: np.ndarray,
-               prompt_tokens: int, output_tokens: int) -> float:
-    """The fitted model's speedup over `base_ms` at acceptance α (ref_ms: R(c))."""
-    tau = expected_tokens(alpha, k)
+               prompt_tokens: int, output_tokens: int, eta: float = 1.0) -> float:
+    """The fitted model's speedup over `base_ms` at acceptance α (ref_ms: R(c); eta: the
+    drafter's proposal efficiency, proposal_efficiency)."""
+    tau = 1.0 + eta * (expected_tokens(alpha, k) - 1.0)
     step = ref_ms + float(np.dot(coef, [1.0, c * k, c, extra_prefill(c, k, tau, prompt_tokens,
                                                                       output_tokens)]))
     return base_ms / (step / tau)
 
 
 def break_even(k: int, c: int, base_ms: float, ref_ms: float, coef: np.ndarray,
-               prompt_tokens: int, output_tokens: int) -> Optional[float]:
+               prompt_tokens: int, output_tokens: int, eta: float = 1.0) -> Optional[float]:
     """The α where the projected speedup is 1 (bisection on [0, 1]); 0 when it pays even at
     α = 0; None when it stays below 1 even at α = 1 (never)."""
-    f = lambda a: speedup_at(a, k, c, base_ms, ref_ms, coef, prompt_tokens, output_tokens) - 1.0  # noqa: E731
+    f = lambda a: speedup_at(a, k, c, base_ms, ref_ms, coef, prompt_tokens, output_tokens, eta) - 1.0  # noqa: E731
     lo, hi = 0.0, 1.0
     if f(hi) < 0:
         return None

@@ -21,6 +21,7 @@ from k25exp.report.sources import Campaign, RunView
 from k25exp.report.spec_profiled import spec_profiled
 from k25exp.report.spec_model import Point, break_even, fit_step, project, speedup_at
 from k25exp.report.speculative import method_label
+from k25exp.serving.spec_acceptance import expected_tokens
 from k25exp.traces.step_phases import ASYNC_KEPT
 
 _POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
@@ -174,17 +175,22 @@ def _break_even(sec: Section, points: list[Point], alphas: Sequence[float]) -> N
         if coef is None:
             continue
         at_k = sorted({p.c: p for p in mine if p.k == k}.values(), key=lambda p: p.c)
+        eta = median(r) if (r := [(p.tau - 1) / (e - 1) for p in mine if p.k == k and p.alpha is not None
+                                  and (e := expected_tokens(p.alpha, k)) > 1]) else 1.0
         for p in at_k:
-            a = break_even(k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens)
-            rows.append([drafter, k, p.c, p.base_ms, a if a is not None else "never (α = 1 < ×1)"])
+            a = break_even(k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens, eta)
+            rows.append([drafter, k, p.c, p.base_ms, eta, a if a is not None else "never (α = 1 < ×1)"])
             series[f"{drafter} k={k} c={p.c}"] = [
-                speedup_at(x, k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens)
+                speedup_at(x, k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens,
+                           eta)
                 for x in alphas]
     if rows:
         sec.tables.append(Table("Break-even acceptance per concurrency (fitted step model)",
-                                ["drafter", "k", "c", "base TPOT ms", "break-even α"], rows,
+                                ["drafter", "k", "c", "base TPOT ms", "η", "break-even α"], rows,
                                 "the per-token acceptance α at which the projected speedup over "
-                                "the measured baseline is 1; 0 = pays at any acceptance"))
+                                "the measured baseline is 1; 0 = pays at any acceptance; η = the "
+                                "drafter's proposal efficiency at this k (median over its points "
+                                "of (τ − 1) / (E(α, k) − 1))"))
         sec.plot = {"kind": "sweep", "file": "spec_surface.png", "x": list(alphas),
                     "series": series, "xlabel": "per-token acceptance α",
                     "ylabel": "projected speedup over the baseline",

@@ -58,7 +58,8 @@ def test_each_point_is_projected_from_the_others_only():
     assert fit_step(pts) == pytest.approx([A, B, D, Q])
     for pr in project(pts):  # exact data: every leave-one-out fit finds the same model
         assert pr.error_pct == pytest.approx(0.0, abs=1e-9)
-        assert pr.used.startswith("fit over 7 other points of ngram; τ = E(")
+        assert pr.used.startswith("fit over 7 other points of ngram; τ = 1 + η (E(")
+        assert pr.used.endswith("η = 1.000 from 3 other points at k=" + str(pr.point.k))
     # the held-out point measured twice as slow: its projection does not move (its own
     # measurement never enters), so it reads +100 % against it
     slow = point(3, 0.5, 4, spec=2 * 7.3525 / 1.875)
@@ -77,6 +78,22 @@ def test_the_reference_step_carries_what_an_ordinary_step_costs_at_c():
     assert fit_step(bumped) == pytest.approx([A, B, D, Q])
     pr = project(bumped)[1]   # k = 1, α = 0.5, c = 4: S = 4 + 10 + 0.5 + 0.8 + 0.4 + 0.03
     assert pr.step_ms == pytest.approx(15.73)
+
+
+def test_a_drafter_that_proposes_less_than_k_emits_less_than_E():
+    # the drafter offers 80 % of what E(α, k) − 1 assumes (n-gram lookup without a match):
+    # τ = 1 + 0.8 (E − 1) at every point but the held-out one, whose own τ (2.0) never enters
+    def short(k, a, c, tau=None):
+        tau = 1 + 0.8 * (expected_tokens(a, k) - 1) if tau is None else tau
+        s = step(c, k, tau) / tau
+        return Point("ngram", k, a, c, base(c), s, tau, base(c) / s, P_TOK, N_OUT, ref_ms=ref(c))
+
+    pts = [short(k, a, c) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
+    odd = short(3, 0.9, 4, tau=2.0)
+    pts = [odd if (p.k, p.alpha, p.c) == (3, 0.9, 4) else p for p in pts]
+    pr = next(x for x in project(pts) if x.point is odd)
+    # by hand: E(0.9, 3) = 3.439, τ = 1 + 0.8 × 2.439 = 2.9512 (η = 0.8 from the 3 others at k = 3)
+    assert pr.tau == pytest.approx(1 + 0.8 * 2.439) and "η = 0.800 from 3 other points at k=3" in pr.used
 
 
 def test_few_points_fall_back_to_the_other_acceptances_step():
