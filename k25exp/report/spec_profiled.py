@@ -79,7 +79,7 @@ def spec_profiled(c: Campaign, sec: Section) -> None:
                      base["phase_cycle_ms"] * tau / spec["phase_cycle_ms"] if base and tau else None,
                      b_tpot / s_tpot if b_tpot and s_tpot else None,
                      " ".join(x for x in (r.short, base_from, sync_from) if x)])
-        kept = method in ASYNC_KEPT
+        kept = method in ASYNC_KEPT or r.params.get("hardware.device") == "cpu"  # as the runner
         if base is not None and (kept or sync is not None):
             parts = gap_split(spec, base, sync, kept)
             split_rows.append([method_label(r), k, "model" if alpha is None else alpha,

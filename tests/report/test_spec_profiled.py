@@ -79,3 +79,19 @@ def test_no_spec_profile_no_tables():
     sec = Section("s")
     spec_profiled(Campaign("c", "uri", [run(1, "profile", 4, phases())]), sec)
     assert sec.tables == []
+
+
+def test_on_the_cpu_build_the_baseline_is_the_reference_for_any_drafter():
+    # vLLM's CPU build runs every server without async scheduling: no baseline_sync needed
+    spec = run(5, "spec_profile", 4, {**phases(cycle=33.9, verify=29.9, sample=0.5, draft=0.2, gap=3.3),
+                                       "spec_expected_tokens_per_step": 2.533},
+               **{**SPEC, "hardware.device": "cpu"})
+    base = run(1, "profile", 4, phases(cycle=14.9, verify=12.0, sample=0.2, gap=2.7),
+               **{"hardware.device": "cpu"})
+    sec = Section("s")
+    spec_profiled(Campaign("c", "uri", [spec, base]), sec)
+    (parts,) = sec.tables[1].rows
+    # by hand: 33.9 − 14.9 = 19.0 = scheduling 0 + verification 17.9 + sampler 0.3 + drafter
+    # 0.2 + host 0.6
+    assert parts[4:] == [pytest.approx(19.0), 0.0, pytest.approx(17.9), pytest.approx(0.3),
+                         pytest.approx(0.2), pytest.approx(0.6), "baseline"]
