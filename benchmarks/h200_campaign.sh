@@ -17,7 +17,8 @@
 #   benchmarks/h200_campaign.sh kimi-spec-prof-spec  # h200-kimi-spec): the baseline's profile,
 #   benchmarks/h200_campaign.sh kimi-spec-prof-sync  # the n-gram server's at each α and level
 #                                              # (one start), the baseline without async
-#                                              # scheduling; K25_SPEC_LEVELS / K25_SPEC_ALPHAS
+#                                              # scheduling; K25_SPEC (spec=), K25_SPEC_LEVELS,
+#                                              # K25_SPEC_ALPHAS
 #   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
 #   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
@@ -95,7 +96,7 @@ case $stage in
   kimi-spec-prof-spec)
     # the n-gram server profiled at each α × level on one start (α set in its workers):
     # each cycle split into verification, rejection sampler, drafter, host gap
-    K25EXP_CAMPAIGN=h200-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile spec=ngram \
+    K25EXP_CAMPAIGN=h200-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
       "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 'experiment.baselines=[]' \
       "experiment.alphas=${K25_SPEC_ALPHAS:-[0.5],[0.7],[0.9]}" \
       "experiment.concurrency=${K25_SPEC_LEVELS:-1,4}" || true ;;
