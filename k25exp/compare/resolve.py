@@ -174,7 +174,11 @@ def fetch_samples(uri: str, r: RunView):
         got = []
         for p in paths:
             try:
-                download_artifacts(run_id=r.run_id, artifact_path=p, dst_path=tmp, tracking_uri=uri)
+                # into its own parent folder: MLflow puts a file artifact at dst/<basename>
+                # (spec/requests.jsonl and baseline/requests.jsonl would land on one path)
+                dst = Path(tmp) / Path(p).parent
+                dst.mkdir(parents=True, exist_ok=True)
+                download_artifacts(run_id=r.run_id, artifact_path=p, dst_path=str(dst), tracking_uri=uri)
                 got.append(p)
             except Exception as e:  # an artifact that was never logged
                 if p == paths[0]:

@@ -95,3 +95,33 @@ def test_spec_points_pool_every_rounds_requests(tmp_path):
     assert sorted(s[("a0.9/spec_tpot_ms_med", 1)]) == [3.0, 4.0]
     assert sorted(s[("a0.9/base_tpot_ms_med", 1)]) == [10.0, 11.0]   # every α's baseline
     assert sorted(s[("a0.5/sync_tpot_ms_med", 1)]) == [12.0, 13.0]   # not mixed with baseline's
+
+
+@pytest.mark.e2e
+def test_fetched_artifacts_keep_their_folders(tmp_path):
+    """spec/requests.jsonl and baseline/requests.jsonl of one run, fetched from a real MLflow
+    store, stay two files (MLflow puts a file artifact at dst/<basename>: fetched into one
+    folder, the second overwrote the first and the spec samples were lost)."""
+
+    from mlflow.tracking import MlflowClient
+
+    from k25exp.compare.resolve import fetch_samples
+    from k25exp.report.sources import RunView
+    from tests.conftest import seed_store
+
+    seed_store(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rec = lambda t: {"ok": True, "phase": "sweep", "level": 1, "tpot_s": t, "chunk_s": [0, 1]}  # noqa: E731
+    for name, t in (("spec", 0.004), ("baseline", 0.010)):
+        (tmp_path / "art" / name).mkdir(parents=True)
+        _write(tmp_path / "art" / name / "requests.jsonl", [rec(t)])
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e", str(tmp_path / "artifacts"))).info.run_id
+    for name in ("spec", "baseline"):
+        client.log_artifact(run_id, str(tmp_path / "art" / name / "requests.jsonl"), name)
+    view = RunView(run_id, "1", "spec_decode", "FINISHED", 0)
+    samples, problem = fetch_samples(uri, view)
+    assert problem == ""
+    assert samples[("tpot_ms_p50", 1)] == pytest.approx([4.0])            # the spec server's
+    assert samples[("baseline/tpot_ms_p50", 1)] == pytest.approx([10.0])
+
