@@ -127,15 +127,21 @@ def fit_step(points: Sequence[Point]) -> Optional[np.ndarray]:
     return coef
 
 
+def efficiency_ratios(points: Sequence[Point], drafter: str, k: int,
+                      leave_out: Optional[Point] = None) -> list[float]:
+    """(τ − 1) / (E(α, k) − 1) of the drafter's synthetic points at k (but `leave_out`)."""
+    return [(q.tau - 1.0) / (e - 1.0) for q in points
+            if q is not leave_out and q.drafter == drafter and q.k == k and q.alpha is not None
+            and (e := expected_tokens(q.alpha, q.k)) > 1.0]
+
+
 def proposal_efficiency(p: Point, points: Sequence[Point]) -> tuple[float, str]:
     """η: how much of a configured acceptance's E(α, k) − 1 the drafter's steps emitted, the
     median of (τ − 1) / (E(α, k) − 1) over the drafter's *other* synthetic points at the same
     k. Below 1 when the drafter proposes fewer than k tokens (n-gram lookup finds no match,
     or a shorter one): those positions are never offered to the sampler. 1 (said so) with no
     other point."""
-    ratios = [(q.tau - 1.0) / (e - 1.0) for q in points
-              if q is not p and q.drafter == p.drafter and q.k == p.k and q.alpha is not None
-              and (e := expected_tokens(q.alpha, q.k)) > 1.0]
+    ratios = efficiency_ratios(points, p.drafter, p.k, leave_out=p)
     if not ratios:
         return 1.0, "η = 1 (no other point at this k)"
     eta = median(ratios)

@@ -18,7 +18,7 @@ from typing import Optional
 from k25exp.report.figures import Section, Table
 from k25exp.report.sources import Campaign, RunView
 from k25exp.report.speculative import method_label
-from k25exp.traces.step_phases import ASYNC_KEPT, gap_split
+from k25exp.traces.step_phases import gap_split, schedules_as_baseline
 
 PHASE_KEYS = ("phase_cycle_ms", "phase_verify_ms", "phase_sample_ms", "phase_draft_ms",
               "phase_bookkeep_ms", "phase_other_ms", "phase_gap_ms")
@@ -79,7 +79,7 @@ def spec_profiled(c: Campaign, sec: Section) -> None:
                      base["phase_cycle_ms"] * tau / spec["phase_cycle_ms"] if base and tau else None,
                      b_tpot / s_tpot if b_tpot and s_tpot else None,
                      " ".join(x for x in (r.short, base_from, sync_from) if x)])
-        kept = method in ASYNC_KEPT or r.params.get("hardware.device") == "cpu"  # as the runner
+        kept = schedules_as_baseline(method, r.params.get("hardware.device", ""))
         if base is not None and (kept or sync is not None):
             parts = gap_split(spec, base, sync, kept)
             split_rows.append([method_label(r), k, "model" if alpha is None else alpha,

@@ -19,9 +19,9 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign, RunView
 from k25exp.report.spec_profiled import spec_profiled
-from k25exp.report.spec_model import Point, break_even, fit_step, project, speedup_at
+from k25exp.report.spec_model import (Point, break_even, efficiency_ratios, fit_step, project,
+                                      speedup_at)
 from k25exp.report.speculative import method_label
-from k25exp.serving.spec_acceptance import expected_tokens
 from k25exp.traces.step_phases import ASYNC_KEPT
 
 _POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
@@ -175,8 +175,7 @@ def _break_even(sec: Section, points: list[Point], alphas: Sequence[float]) -> N
         if coef is None:
             continue
         at_k = sorted({p.c: p for p in mine if p.k == k}.values(), key=lambda p: p.c)
-        eta = median(r) if (r := [(p.tau - 1) / (e - 1) for p in mine if p.k == k and p.alpha is not None
-                                  and (e := expected_tokens(p.alpha, k)) > 1]) else 1.0
+        eta = median(r) if (r := efficiency_ratios(mine, drafter, k)) else 1.0
         for p in at_k:
             a = break_even(k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens, eta)
             rows.append([drafter, k, p.c, p.base_ms, eta, a if a is not None else "never (α = 1 < ×1)"])

@@ -29,16 +29,15 @@ from k25exp.config.experiments import SpecProfileConfig
 from k25exp.config.schema import K25Config
 from k25exp.runners import profile
 from k25exp.runners.server_run import connect_server
-from k25exp.runners.spec_decode import servers
+from k25exp.runners.spec_decode import PREFIX, servers
 from k25exp.serving import server as srv_mod
 from k25exp.serving.spec_acceptance import expected_tokens, set_in_server, unconditional_rates
 from k25exp.serving.speculative import describe, speculative_config
-from k25exp.traces.step_phases import ASYNC_KEPT, gap_split
+from k25exp.traces.step_phases import gap_split, schedules_as_baseline
 from k25exp.tracking.recorder import Capture, Recorder
 
 log = logging.getLogger(__name__)
 
-PREFIX = {"spec": "", "baseline": "baseline/", "baseline_sync": "baseline_sync/"}
 START_ALPHA = 0.5
 
 
@@ -50,9 +49,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     spec_json = json.dumps(speculative_config(replace(exp, alphas=[START_ALPHA]), model_path,
                                               Path(cfg.server.model_cache)), sort_keys=True)
     k = exp.num_speculative_tokens
-    # the reference scheduling: the baseline where the spec server schedules as it does (a
-    # drafter that keeps async scheduling, or the CPU build, which turns it off for every server)
-    async_kept = exp.method in ASYNC_KEPT or cfg.hardware.device == "cpu"
+    async_kept = schedules_as_baseline(exp.method, cfg.hardware.device)
     tags = {"spec.config": spec_json, "spec.method": exp.method,
             "spec.num_speculative_tokens": str(k), "spec.bound": describe(exp),
             "spec.acceptance": exp.acceptance,

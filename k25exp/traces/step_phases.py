@@ -123,6 +123,13 @@ ASYNC_KEPT = ("eagle", "eagle3", "mtp", "ngram_gpu", "dflash")
 SPLIT = ("scheduling", "verification", "sampler", "drafter", "host")
 
 
+def schedules_as_baseline(method: str, device: str) -> bool:
+    """Whether a speculative server of `method` schedules as its baseline does, so the baseline
+    (not the baseline without async scheduling) is its reference: a drafter vLLM keeps async
+    scheduling for, or vLLM's CPU build, which runs every server without it."""
+    return method in ASYNC_KEPT or device == "cpu"
+
+
 def gap_split(spec: dict[str, float], base: dict[str, float], sync: dict[str, float] | None,
               async_kept: bool) -> dict[str, float]:
     """The speculative cycle's excess over the baseline's (ms per step; `phase_*` figures of
