@@ -151,13 +151,13 @@ def spec_point_samples(d: Path) -> Samples:
             out.setdefault(r["level"], []).append(r["tpot_s"] * 1e3)
         return out
 
-    def folders(server: str, first: str, suffix: str = "") -> list[Path]:
-        extra = sorted(rounds.glob(f"r*_{server}{suffix}/requests.jsonl")) if rounds.is_dir() else []
-        return [d / first / "requests.jsonl", *extra]
+    def folders(server: str) -> list[Path]:  # round 1's folder, then the other rounds'
+        extra = sorted(rounds.glob(f"r*_{server}/requests.jsonl")) if rounds.is_dir() else []
+        return [d / server / "requests.jsonl", *extra]
 
     out: Samples = {}
-    base = pooled(folders("baseline", "baseline"))
-    sync = pooled(folders("baseline_sync", "baseline_sync"))
+    base = pooled(folders("baseline"))
+    sync = pooled(folders("baseline_sync"))
     for i, name in enumerate(names):
         a = "" if name == "model" else f"_{name}"
         # round 1's spec/ holds the first α only; its other α's are rounds/r1_spec_a<α>
