@@ -11,8 +11,10 @@
 #                                              # inside a call's 10 minutes)
 #   benchmarks/h200_campaign.sh kimi-spec      # n-gram speculative decoding on the rank, k = 3,
 #                                              # against its own baseline (one job, two starts)
-#   benchmarks/h200_campaign.sh kimi-spec-synth  # n-gram at synthetic α 0.5/0.7/0.9 against the
-#                                              # baseline with and without async scheduling
+#   benchmarks/h200_campaign.sh kimi-spec-synth  # a drafter (K25_SPEC, default ngram; K25_SPEC_K)
+#                                              # at synthetic α 0.5/0.7/0.9 × c 1/4/16/64 against
+#                                              # the baseline (and, for ngram, without async
+#                                              # scheduling); campaign h200-kimi-spec
 #   benchmarks/h200_campaign.sh kimi-spec-prof-base  # the speculative step profiled (campaign
 #   benchmarks/h200_campaign.sh kimi-spec-prof-spec  # h200-kimi-spec): the baseline's profile,
 #   benchmarks/h200_campaign.sh kimi-spec-prof-sync  # the n-gram server's at each α and level
@@ -79,10 +81,17 @@ case $stage in
     # spec start), against the baseline with and without async scheduling. One round per call
     # (three starts of the rank fit in a call's 10 minutes, six do not): run the stage again for
     # more rounds; the report pools the runs of one setting
-    K25EXP_CAMPAIGN=$campaign PHASES=spec_decode ./multirun.sh "${common[@]}" "${kimi[@]}" \
-      spec_decode:spec=ngram spec_decode:experiment.acceptance=synthetic \
-      'spec_decode:experiment.alphas=[0.5,0.7,0.9]' \
-      "spec_decode:experiment.concurrency=${K25_SPEC_LEVELS:-[1,4,16]}" \
+    # K25_SPEC picks the drafter (ngram_gpu and eagle3 keep async scheduling, so they need no
+    # baseline without it), K25_SPEC_K its draft length
+    spec=${K25_SPEC:-ngram}
+    sync=true; [[ $spec == ngram ]] || sync=false
+    K25EXP_CAMPAIGN=${K25_GPU_CAMPAIGN:-h200-kimi-spec} PHASES=spec_decode ./multirun.sh \
+      "${common[@]}" "${kimi[@]}" \
+      "spec_decode:spec=$spec" spec_decode:experiment.acceptance=synthetic \
+      "spec_decode:experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \
+      "spec_decode:experiment.baseline_sync=$sync" \
+      "spec_decode:experiment.alphas=${K25_SPEC_ALPHAS_LIST:-[0.5,0.7,0.9]}" \
+      "spec_decode:experiment.concurrency=${K25_SPEC_LEVELS:-[1,4,16,64]}" \
       spec_decode:server.max_num_seqs=64 || true ;;
   kimi-spec-prof-base|kimi-spec-prof-sync)
     # the baselines of the speculative profile, one server start each: as vLLM schedules
@@ -96,8 +105,13 @@ case $stage in
   kimi-spec-prof-spec)
     # the n-gram server profiled at each α × level on one start (α set in its workers):
     # each cycle split into verification, rejection sampler, drafter, host gap
+    # (K25_SPEC_BASELINES='[baseline]': the baseline captured in the same job, after the spec
+    # server, for a drafter that keeps async scheduling; the default leaves them to the stages
+    # above)
     K25EXP_CAMPAIGN=h200-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
-      "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 'experiment.baselines=[]' \
+      "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 \
+      "experiment.baselines=${K25_SPEC_BASELINES:-[]}" \
+      "experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \
       "experiment.alphas=${K25_SPEC_ALPHAS:-[0.5],[0.7],[0.9]}" \
       "experiment.concurrency=${K25_SPEC_LEVELS:-1,4}" || true ;;
   kimi-skewed)
