@@ -12,29 +12,40 @@ requests costs at c (GEMM shapes, attention, collectives, the scheduling mode), 
 modelled. What speculation adds is fitted by least squares over the drafter's measured steps
 S_meas = spec TPOT × tokens per step (vLLM's counters):
 
-    S(c, k, α) − R(c) = a + b c k + d c + q ΔP       ΔP = (c − 1) p (E(α, k) − 1) / (n − 1)
+    S(c, k, α) − R(c) = g_c + b c k + h c τ + q ΔP       ΔP = (c − 1) p (τ − 1) / (n − 1)
 
-b: the k extra tokens per request verified; d: per-request costs of drafting and rejection
-sampling; a: per-step costs; q: the extra prefill a closed loop shares with each step (a
-request lives (n − 1) / τ decode steps, so the other c − 1 workers' new prompts of p tokens
-are prefilled at (c − 1) p τ / (n − 1) tokens per step, τ − 1 more per step than the
-reference's). Columns the points cannot tell apart are dropped, last first (ΔP, then c: one
-k leaves c k and c proportional). SmartSpec/TurboSpec (arXiv 2406.14066) fit a step time from
-measured steps in the same spirit; a closed form that prices a verification step as an
-ordinary step of c (k + 1) requests cannot see the drafter, the sampler or the scheduling.
+g_c: what speculation adds at c whatever k and α (per-request drafting, rejection sampling,
+the attention path a multi-token query takes: on the CPU build ~3.5–7 ms per request, not a
+line in c, so one intercept per measured concurrency, fitted from the *other* points at that
+c); b: the k extra tokens per request verified; h: per token emitted (output processing,
+detokenizing, streaming: τ per request instead of 1); q: the extra prefill a closed loop
+shares with each step (a request lives (n − 1) / τ decode steps, so the other c − 1 workers'
+new prompts of p tokens are prefilled at (c − 1) p τ / (n − 1) tokens per step, τ − 1 more per
+step than the reference's). Where the left-out point's c has no other point, the global form
+S − R = a + b c k + d c + q ΔP (d: per request) is fitted instead. Columns the points cannot
+tell apart are dropped, last first (one k leaves c k inside the intercepts). SmartSpec/
+TurboSpec (arXiv 2406.14066) fit a step time from measured steps in the same spirit; a closed
+form that prices a verification step as an ordinary step of c (k + 1) requests cannot see the
+drafter, the sampler or the scheduling.
 
-Projection of a point (drafter, k, α, c): S from the fit over the drafter's *other* points
+τ for a synthetic acceptance: a drafter need not propose all k positions (n-gram lookup
+proposes only as far as its match goes), and a position never proposed is never accepted. If
+position i is proposed with probability φ^i (φ: the drafter's *reach*), the expected tokens
+per step are 1 + Σ (φα)^i = E(φα, k): the drafter runs at an effective acceptance φα. φ is
+the median over the drafter's *other* synthetic points at the same k of the φ that solves
+E(φα, k) = τ measured (on the CPU default's n-gram, φ ≈ 0.94–0.95 at k = 3 and 5, and its
+mean proposal Σ φ^i matches vLLM's own draft-token counters). As the model achieves it, τ is
+the median of the same drafter and k's measured τ at other levels.
+
+Projection of a point (drafter, k, α, c): S from the fit over the drafter's other points
 (leave-one-out: the point's own speculative measurement never enters; its reference step R(c)
-is the baselines' measurement, not the speculative server's); τ for a synthetic acceptance =
-1 + η (E(α, k) − 1), η the drafter's proposal efficiency measured at its other points of the
-same k (an n-gram drafter that finds no match proposes fewer than k tokens, and a position
-never proposed is never accepted: on the CPU default η fell to 0.76 at k = 5, α = 0.9), or,
-as the model achieves it, the tokens per step the same run measured at its other levels; projected speedup = measured baseline TPOT / (S / τ).
-With fewer other points than the fit has columns + 1, the step is the median of the other
-acceptances' steps at the same (k, c) instead; each projection names what it used.
+is the baselines' measurement, not the speculative server's); projected speedup = measured
+baseline TPOT / (S / τ). With fewer other points than the fit has columns + 1, the step is
+the median of the other acceptances' steps at the same (k, c) instead; each projection names
+what it used.
 
 Break-even acceptance at c for a drafter and k: the α where the projected speedup over the
-baseline is 1, i.e. E(α, k) = S(c, k, α) / base TPOT(c), found by bisection.
+baseline is 1, i.e. E(φα, k) = S(c, k, α) / base TPOT(c), found by bisection.
 """
 
 from __future__ import annotations
@@ -47,7 +58,8 @@ import numpy as np
 
 from k25exp.serving.spec_acceptance import expected_tokens
 
-COLUMNS = ("a", "b", "d", "q")  # the fitted coefficients' names (module docstring)
+GLOBAL = ("a", "b", "d", "q")   # the global form's coefficients (module docstring)
+PER_LEVEL = ("b", "h", "q")     # beside one intercept g_c per level
 
 
 @dataclass(frozen=True)
@@ -88,8 +100,62 @@ def extra_prefill(c: int, k: int, tau: float, prompt_tokens: int, output_tokens:
     return (c - 1) * prompt_tokens * (tau - 1.0) / max(output_tokens - 1, 1)
 
 
-def features(p: Point, tau: float) -> list[float]:
-    return [1.0, p.c * p.k, p.c, extra_prefill(p.c, p.k, tau, p.prompt_tokens, p.output_tokens)]
+@dataclass(frozen=True)
+class StepFit:
+    """S − R fitted over measured steps: one intercept per level in `levels` (the per-level
+    form) or, with no levels, the global form (module docstring)."""
+    levels: tuple[int, ...]
+    coef: tuple[float, ...]      # the intercepts (per level), then the named slopes
+
+    def covers(self, c: int) -> bool:
+        return not self.levels or c in self.levels
+
+    def excess(self, c: int, k: int, tau: float, prompt_tokens: int, output_tokens: int) -> float:
+        """What speculation adds to the reference step at (c, k, τ)."""
+        return float(np.dot(self.coef, _row(self.levels, c, k, tau, prompt_tokens, output_tokens)))
+
+    def named(self) -> dict[str, float]:
+        names = ([f"g{c}" for c in self.levels] + list(PER_LEVEL)) if self.levels else list(GLOBAL)
+        return dict(zip(names, self.coef))
+
+    def describe(self) -> str:
+        return "an intercept per c" if self.levels else "the global form"
+
+
+def _row(levels: tuple[int, ...], c: int, k: int, tau: float, prompt_tokens: int,
+         output_tokens: int) -> list[float]:
+    dp = extra_prefill(c, k, tau, prompt_tokens, output_tokens)
+    if levels:
+        return [1.0 if c == x else 0.0 for x in levels] + [c * k, c * tau, dp]
+    return [1.0, c * k, c, dp]
+
+
+def fit_step(points: Sequence[Point], per_level: bool = True) -> Optional[StepFit]:
+    """S − R by least squares over measured steps (ΔP and c τ at each point's measured τ: these
+    are measurements), per level or global; a slope the points cannot tell apart from the other
+    columns is 0, the last first; None with fewer points than kept columns + 1 (one degree of
+    freedom left)."""
+    if not points:
+        return None
+    levels = tuple(sorted({p.c for p in points})) if per_level else ()
+    X = np.array([_row(levels, p.c, p.k, p.tau, p.prompt_tokens, p.output_tokens) for p in points])
+    y = np.array([p.step_ms - p.reference_ms for p in points])
+    cols = list(range(X.shape[1]))
+    while cols and np.linalg.matrix_rank(X[:, cols]) < len(cols):
+        cols.pop()
+    if len(points) < len(cols) + 1:
+        return None
+    coef = np.zeros(X.shape[1])
+    coef[cols], *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+    return StepFit(levels, tuple(float(x) for x in coef))
+
+
+def fit_for(c: int, points: Sequence[Point]) -> Optional[StepFit]:
+    """The per-level fit when `points` have c among their levels, else the global form."""
+    fit = fit_step(points)
+    if fit is not None and fit.covers(c):
+        return fit
+    return fit_step(points, per_level=False)
 
 
 @dataclass
@@ -107,54 +173,58 @@ class Projection:
             return None
         return (self.speedup / self.point.speedup - 1.0) * 100.0
 
-
-def fit_step(points: Sequence[Point]) -> Optional[np.ndarray]:
-    """(a, b, d, q) of S − R = a + b c k + d c + q ΔP by least squares over measured steps (ΔP
-    at each point's measured τ: these are measurements); a column the points cannot tell
-    apart from the others is 0, the last first; None with fewer points than kept columns + 1
-    (one degree of freedom left)."""
-    if not points:
-        return None
-    X = np.array([features(p, p.tau) for p in points])
-    y = np.array([p.step_ms - p.reference_ms for p in points])
-    cols = list(range(X.shape[1]))
-    while cols and np.linalg.matrix_rank(X[:, cols]) < len(cols):
-        cols.pop()
-    if len(points) < len(cols) + 1:
-        return None
-    coef = np.zeros(X.shape[1])
-    coef[cols], *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
-    return coef
+    @property
+    def in_interval(self) -> Optional[bool]:
+        """Whether the projection lies inside the measured speedup's interval."""
+        p = self.point
+        if self.speedup is None or p.speedup_lo is None or p.speedup_hi is None:
+            return None
+        return p.speedup_lo <= self.speedup <= p.speedup_hi
 
 
-def efficiency_ratios(points: Sequence[Point], drafter: str, k: int,
-                      leave_out: Optional[Point] = None) -> list[float]:
-    """(τ − 1) / (E(α, k) − 1) of the drafter's synthetic points at k (but `leave_out`)."""
-    return [(q.tau - 1.0) / (e - 1.0) for q in points
-            if q is not leave_out and q.drafter == drafter and q.k == k and q.alpha is not None
-            and (e := expected_tokens(q.alpha, q.k)) > 1.0]
+def reach_of(tau: float, alpha: float, k: int) -> float:
+    """φ with E(φα, k) = τ (bisection; E rises with its acceptance): 1 at or above E(α, k),
+    0 at or below 1 token per step."""
+    if alpha <= 0.0 or tau <= 1.0:
+        return 0.0
+    if tau >= expected_tokens(alpha, k):
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid * alpha, k) < tau else (lo, mid)
+    return (lo + hi) / 2
 
 
-def proposal_efficiency(p: Point, points: Sequence[Point]) -> tuple[float, str]:
-    """η: how much of a configured acceptance's E(α, k) − 1 the drafter's steps emitted, the
-    median of (τ − 1) / (E(α, k) − 1) over the drafter's *other* synthetic points at the same
-    k. Below 1 when the drafter proposes fewer than k tokens (n-gram lookup finds no match,
-    or a shorter one): those positions are never offered to the sampler. 1 (said so) with no
-    other point."""
-    ratios = efficiency_ratios(points, p.drafter, p.k, leave_out=p)
-    if not ratios:
-        return 1.0, "η = 1 (no other point at this k)"
-    eta = median(ratios)
-    return eta, f"η = {eta:.3f} from {len(ratios)} other points at k={p.k}"
+def reaches(points: Sequence[Point], drafter: str, k: int,
+            leave_out: Optional[Point] = None) -> list[float]:
+    """φ of each of the drafter's synthetic points at k (but `leave_out`)."""
+    return [reach_of(q.tau, q.alpha, q.k) for q in points
+            if q is not leave_out and q.drafter == drafter and q.k == k and q.alpha is not None]
+
+
+def proposal_reach(p: Point, points: Sequence[Point]) -> tuple[float, str]:
+    """φ for projecting p: the median over the drafter's *other* synthetic points at the same
+    k; 1 (said so) with no other point."""
+    phis = reaches(points, p.drafter, p.k, leave_out=p)
+    if not phis:
+        return 1.0, "φ = 1 (no other point at this k)"
+    phi = median(phis)
+    return phi, f"φ = {phi:.3f} from {len(phis)} other points at k={p.k}"
+
+
+def tau_at(alpha: float, k: int, phi: float = 1.0) -> float:
+    """Tokens per step at acceptance α for a drafter of reach φ: E(φα, k)."""
+    return expected_tokens(phi * alpha, k)
 
 
 def projected_tau(p: Point, points: Sequence[Point]) -> tuple[Optional[float], str]:
-    """τ for projecting p: at a configured α, 1 + η (E(α, k) − 1), η the drafter's proposal
-    efficiency at other points (proposal_efficiency); as the model achieves it, the median of
-    the same drafter and k's measured τ at other levels."""
+    """τ for projecting p: at a configured α, E(φα, k) with the drafter's reach φ from other
+    points (proposal_reach); as the model achieves it, the median of the same drafter and k's
+    measured τ at other levels."""
     if p.alpha is not None:
-        eta, how = proposal_efficiency(p, points)
-        return 1.0 + eta * (expected_tokens(p.alpha, p.k) - 1.0), f"τ = 1 + η (E({p.alpha:g}, {p.k}) − 1), {how}"
+        phi, how = proposal_reach(p, points)
+        return tau_at(p.alpha, p.k, phi), f"τ = E({phi:.3f} × {p.alpha:g}, {p.k}), {how}"
     other = [q.tau for q in points if q.drafter == p.drafter and q.k == p.k and q.alpha is None
              and q.c != p.c]
     if not other:
@@ -168,14 +238,14 @@ def project(points: Sequence[Point]) -> list[Projection]:
     for p in points:
         others = [q for q in points if q is not p and q.drafter == p.drafter]
         tau, tau_used = projected_tau(p, points)
-        coef = fit_step(others)
         if tau is None:
             out.append(Projection(p, None, None, None, tau_used))
             continue
-        if coef is not None:
-            step = p.reference_ms + float(np.dot(coef, features(p, tau)))
-            used = f"fit over {len(others)} other points of {p.drafter}; {tau_used}"
-            fit = dict(zip(COLUMNS, map(float, coef)))
+        fit = fit_for(p.c, others)
+        if fit is not None:
+            step = p.reference_ms + fit.excess(p.c, p.k, tau, p.prompt_tokens, p.output_tokens)
+            used = f"fit over {len(others)} other points of {p.drafter} ({fit.describe()}); {tau_used}"
+            named = fit.named()
         else:
             same = [q.step_ms for q in others if q.k == p.k and q.c == p.c]
             if not same:
@@ -184,26 +254,24 @@ def project(points: Sequence[Point]) -> list[Projection]:
                 continue
             step = median(same)
             used = f"median step of {len(same)} other acceptance(s) at k={p.k}, c={p.c}; {tau_used}"
-            fit = {}
-        out.append(Projection(p, tau, step, p.base_ms / (step / tau), used, fit))
+            named = {}
+        out.append(Projection(p, tau, step, p.base_ms / (step / tau), used, named))
     return out
 
 
-def speedup_at(alpha: float, k: int, c: int, base_ms: float, ref_ms: float, coef: np.ndarray,
-               prompt_tokens: int, output_tokens: int, eta: float = 1.0) -> float:
-    """The fitted model's speedup over `base_ms` at acceptance α (ref_ms: R(c); eta: the
-    drafter's proposal efficiency, proposal_efficiency)."""
-    tau = 1.0 + eta * (expected_tokens(alpha, k) - 1.0)
-    step = ref_ms + float(np.dot(coef, [1.0, c * k, c, extra_prefill(c, k, tau, prompt_tokens,
-                                                                      output_tokens)]))
-    return base_ms / (step / tau)
+def speedup_at(alpha: float, k: int, c: int, base_ms: float, ref_ms: float, fit: StepFit,
+               prompt_tokens: int, output_tokens: int, phi: float = 1.0) -> float:
+    """The fitted model's speedup over `base_ms` at acceptance α (ref_ms: R(c); phi: the
+    drafter's reach, proposal_reach)."""
+    tau = tau_at(alpha, k, phi)
+    return base_ms / ((ref_ms + fit.excess(c, k, tau, prompt_tokens, output_tokens)) / tau)
 
 
-def break_even(k: int, c: int, base_ms: float, ref_ms: float, coef: np.ndarray,
-               prompt_tokens: int, output_tokens: int, eta: float = 1.0) -> Optional[float]:
+def break_even(k: int, c: int, base_ms: float, ref_ms: float, fit: StepFit,
+               prompt_tokens: int, output_tokens: int, phi: float = 1.0) -> Optional[float]:
     """The α where the projected speedup is 1 (bisection on [0, 1]); 0 when it pays even at
     α = 0; None when it stays below 1 even at α = 1 (never)."""
-    f = lambda a: speedup_at(a, k, c, base_ms, ref_ms, coef, prompt_tokens, output_tokens, eta) - 1.0  # noqa: E731
+    f = lambda a: speedup_at(a, k, c, base_ms, ref_ms, fit, prompt_tokens, output_tokens, phi) - 1.0  # noqa: E731
     lo, hi = 0.0, 1.0
     if f(hi) < 0:
         return None

@@ -19,7 +19,7 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign, RunView
 from k25exp.report.spec_profiled import spec_profiled
-from k25exp.report.spec_model import (Point, break_even, efficiency_ratios, fit_step, project,
+from k25exp.report.spec_model import (Point, break_even, fit_step, project, reaches,
                                       speedup_at)
 from k25exp.report.speculative import method_label
 from k25exp.traces.step_phases import ASYNC_KEPT
@@ -104,20 +104,24 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
         spec_profiled(sec=sec, c=c)
         return sec
     projections = project(points)
-    rows, errors = [], []
+    rows, errors, inside = [], [], 0
     for pr in projections:
         p = pr.point
         err = pr.error_pct
         if err is not None:
             errors.append(abs(err))
+            inside += bool(pr.in_interval)
         rows.append([p.drafter, p.k, "model" if p.alpha is None else p.alpha, p.c, p.rounds,
                      p.base_ms, p.sync_ms, p.spec_ms, p.tau, p.speedup, p.speedup_lo, p.speedup_hi,
-                     pr.speedup, err, p.step_ms, pr.step_ms, pr.used, *p.run[:1]])
+                     pr.speedup, err, _yes_no(pr.in_interval), p.step_ms, pr.step_ms, pr.used,
+                     *p.run[:1]])
     runs = unique_runs([r for p in points for r in p.run])
     if errors:
         sec.figures.append(Figure(M.SPEC_MODEL_ERR_MAX, max(errors), runs,
                                   f"{len(errors)} of {len(points)} points projected; median "
-                                  f"|error| {median(errors):.1f} %"))
+                                  f"|error| {median(errors):.1f} %; "
+                                  f"{sum(e <= 10.0 for e in errors)} within 10 %, {inside} inside "
+                                  "the measured speedup's interval"))
     else:
         sec.figures.append(missing(M.SPEC_MODEL_ERR_MAX, "no point could be projected (too few "
                                    "points per drafter)", runs))
@@ -125,18 +129,23 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
         "Measured and projected speedup per point",
         ["drafter", "k", "α", "c", "rounds", "base TPOT ms", "base sync ms", "spec TPOT ms",
          "tokens/step", "measured ×", "× CI lo", "× CI hi", "projected ×", "error %",
-         "measured step ms", "projected step ms", "projection used", "run"], rows,
+         "inside CI", "measured step ms", "projected step ms", "projection used", "run"], rows,
         "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
         "TPOT (bootstrap 95 % interval); tokens/step = 1 + accepted/drafts (vLLM's counters); "
         "measured step = spec TPOT × tokens/step; projected step = the reference step measured "
         "at the same c (base sync for a drafter that turns async scheduling off, else base) + "
         "what speculation adds, fitted on the drafter's other points (k25exp.report.spec_model; "
-        "never the point's own speculative measurement); base sync = the baseline with "
-        "--no-async-scheduling"))
+        "never the point's own speculative measurement); inside CI = the projection lies in the "
+        "measured × interval (3 rounds on a loaded machine can move a speedup by more than 10 %); "
+        "base sync = the baseline with --no-async-scheduling"))
     _gap_split(sec, points)
     _break_even(sec, points, alphas)
     spec_profiled(c, sec)
     return sec
+
+
+def _yes_no(x) -> str:
+    return "" if x is None else ("yes" if x else "no")
 
 
 def _gap_split(sec: Section, points: list[Point]) -> None:
@@ -171,25 +180,25 @@ def _break_even(sec: Section, points: list[Point], alphas: Sequence[float]) -> N
     groups = sorted({(p.drafter, p.k) for p in points})
     for drafter, k in groups:
         mine = [p for p in points if p.drafter == drafter]
-        coef = fit_step(mine)
-        if coef is None:
+        fit = fit_step(mine)
+        if fit is None:
             continue
         at_k = sorted({p.c: p for p in mine if p.k == k}.values(), key=lambda p: p.c)
-        eta = median(r) if (r := efficiency_ratios(mine, drafter, k)) else 1.0
+        phi = median(r) if (r := reaches(mine, drafter, k)) else 1.0
         for p in at_k:
-            a = break_even(k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens, eta)
-            rows.append([drafter, k, p.c, p.base_ms, eta, a if a is not None else "never (α = 1 < ×1)"])
+            a = break_even(k, p.c, p.base_ms, p.reference_ms, fit, p.prompt_tokens, p.output_tokens, phi)
+            rows.append([drafter, k, p.c, p.base_ms, phi, a if a is not None else "never (α = 1 < ×1)"])
             series[f"{drafter} k={k} c={p.c}"] = [
-                speedup_at(x, k, p.c, p.base_ms, p.reference_ms, coef, p.prompt_tokens, p.output_tokens,
-                           eta)
+                speedup_at(x, k, p.c, p.base_ms, p.reference_ms, fit, p.prompt_tokens, p.output_tokens,
+                           phi)
                 for x in alphas]
     if rows:
         sec.tables.append(Table("Break-even acceptance per concurrency (fitted step model)",
-                                ["drafter", "k", "c", "base TPOT ms", "η", "break-even α"], rows,
+                                ["drafter", "k", "c", "base TPOT ms", "φ", "break-even α"], rows,
                                 "the per-token acceptance α at which the projected speedup over "
-                                "the measured baseline is 1; 0 = pays at any acceptance; η = the "
-                                "drafter's proposal efficiency at this k (median over its points "
-                                "of (τ − 1) / (E(α, k) − 1))"))
+                                "the measured baseline is 1; 0 = pays at any acceptance; φ = the "
+                                "drafter's reach at this k (position i proposed with probability "
+                                "φ^i, so τ = E(φα, k); median over its points)"))
         sec.plot = {"kind": "sweep", "file": "spec_surface.png", "x": list(alphas),
                     "series": series, "xlabel": "per-token acceptance α",
                     "ylabel": "projected speedup over the baseline",

@@ -1,11 +1,12 @@
 """The speculative step model on hand-built steps: every figure below is worked out by hand
-from S = R(c) + a + b c k + d c + q ΔP, ΔP = (c − 1) p (τ − 1) / (n − 1), τ = E(α, k)."""
+from S = R(c) + A + B c k + D c + H c τ + Q ΔP, ΔP = (c − 1) p (τ − 1) / (n − 1), τ = E(φα, k).
+In the per-level form A + D c is the intercept g_c of each measured concurrency."""
 
 from __future__ import annotations
 
 import pytest
 
-from k25exp.report.spec_model import Point, break_even, fit_step, project
+from k25exp.report.spec_model import Point, break_even, fit_step, project, reach_of
 from k25exp.serving.spec_acceptance import conditional_rates, expected_tokens, unconditional_rates
 
 P_TOK, N_OUT = 128, 65  # n − 1 = 64: ΔP = (c − 1) × 128 × (τ − 1) / 64 = 2 (c − 1)(τ − 1)
@@ -20,19 +21,19 @@ def base(c):  # the baseline's TPOT at c (async scheduling): the speedup's numer
     return 2.5 + 0.25 * c
 
 
-def step(c, k, tau):
-    return ref(c) + A + B * c * k + D * c + Q * 2 * (c - 1) * (tau - 1)
+def step(c, k, tau, h=0.0):
+    return ref(c) + A + B * c * k + D * c + h * c * tau + Q * 2 * (c - 1) * (tau - 1)
 
 
-def point(k, alpha, c, spec=None, drafter="ngram"):
-    tau = expected_tokens(alpha, k)
-    spec = step(c, k, tau) / tau if spec is None else spec
+def point(k, alpha, c, spec=None, drafter="ngram", phi=1.0, h=0.0, tau=None):
+    tau = expected_tokens(phi * alpha, k) if tau is None else tau
+    spec = step(c, k, tau, h) / tau if spec is None else spec
     return Point(drafter, k, alpha, c, base_ms=base(c), spec_ms=spec, tau=tau,
                  speedup=base(c) / spec, prompt_tokens=P_TOK, output_tokens=N_OUT, ref_ms=ref(c))
 
 
-def grid():
-    return [point(k, a, c) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
+def grid(**kw):
+    return [point(k, a, c, **kw) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
 
 
 def test_acceptance_rates_by_hand():
@@ -55,17 +56,42 @@ def test_one_hand_computed_point():
 
 def test_each_point_is_projected_from_the_others_only():
     pts = grid()
-    assert fit_step(pts) == pytest.approx([A, B, D, Q])
+    fit = fit_step(pts)
+    # one intercept per level: g1 = A + D = 0.6, g4 = A + 4 D = 0.9; b = B, h = 0, q = Q
+    assert fit.levels == (1, 4)
+    assert fit.named() == pytest.approx({"g1": 0.6, "g4": 0.9, "b": B, "h": 0.0, "q": Q})
     for pr in project(pts):  # exact data: every leave-one-out fit finds the same model
         assert pr.error_pct == pytest.approx(0.0, abs=1e-9)
-        assert pr.used.startswith("fit over 7 other points of ngram; τ = 1 + η (E(")
-        assert pr.used.endswith("η = 1.000 from 3 other points at k=" + str(pr.point.k))
+        assert pr.used.startswith("fit over 7 other points of ngram (an intercept per c); τ = E(")
+        assert pr.used.endswith("φ = 1.000 from 3 other points at k=" + str(pr.point.k))
     # the held-out point measured twice as slow: its projection does not move (its own
     # measurement never enters), so it reads +100 % against it
     slow = point(3, 0.5, 4, spec=2 * 7.3525 / 1.875)
     pts = [slow if (p.k, p.alpha, p.c) == (3, 0.5, 4) else p for p in grid()]
     pr = next(x for x in project(pts) if x.point is slow)
     assert pr.step_ms == pytest.approx(7.3525) and pr.error_pct == pytest.approx(100.0)
+
+
+def test_a_cost_per_token_emitted_is_told_from_the_verified_tokens():
+    # H = 0.3 ms per token emitted per request (output processing): steps at α = 0.9 cost
+    # more than at 0.5 at the same (k, c); the fit finds h, and the held-out point (k = 3,
+    # α = 0.9, c = 4) is projected exactly: τ = 3.439, S = 4 + 0.5 + 2.4 + 0.4 + 0.3 × 4 ×
+    # 3.439 + 0.01 × 2 × 3 × 2.439 = 11.57314
+    pts = grid(h=0.3)
+    assert fit_step(pts).named()["h"] == pytest.approx(0.3)
+    pr = next(x for x in project(pts) if (x.point.k, x.point.alpha, x.point.c) == (3, 0.9, 4))
+    assert pr.step_ms == pytest.approx(11.57314) and pr.error_pct == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_level_without_other_points_takes_the_global_form():
+    # a point at c = 16 alone: no other point has its intercept, so the global form
+    # (a, b c k, d c, q ΔP) fitted over the 8 others projects it. By hand (k = 1, α = 0.5):
+    # τ = 1.5, R = 7, S = 7 + 0.5 + 3.2 + 1.6 + 0.01 × 2 × 15 × 0.5 = 12.45
+    lone = point(1, 0.5, 16)
+    pr = next(x for x in project(grid() + [lone]) if x.point is lone)
+    assert "(the global form)" in pr.used
+    assert pr.fit == pytest.approx({"a": A, "b": B, "d": D, "q": Q})
+    assert pr.step_ms == pytest.approx(12.45)
 
 
 def test_the_reference_step_carries_what_an_ordinary_step_costs_at_c():
@@ -75,25 +101,27 @@ def test_the_reference_step_carries_what_an_ordinary_step_costs_at_c():
     bumped = [Point(p.drafter, p.k, p.alpha, p.c, p.base_ms, p.spec_ms + (10 / p.tau if p.c == 4 else 0),
                     p.tau, p.speedup, P_TOK, N_OUT, ref_ms=p.ref_ms + (10 if p.c == 4 else 0))
               for p in pts]
-    assert fit_step(bumped) == pytest.approx([A, B, D, Q])
+    assert fit_step(bumped).named() == pytest.approx(fit_step(pts).named())
     pr = project(bumped)[1]   # k = 1, α = 0.5, c = 4: S = 4 + 10 + 0.5 + 0.8 + 0.4 + 0.03
     assert pr.step_ms == pytest.approx(15.73)
 
 
-def test_a_drafter_that_proposes_less_than_k_emits_less_than_E():
-    # the drafter offers 80 % of what E(α, k) − 1 assumes (n-gram lookup without a match):
-    # τ = 1 + 0.8 (E − 1) at every point but the held-out one, whose own τ (2.0) never enters
-    def short(k, a, c, tau=None):
-        tau = 1 + 0.8 * (expected_tokens(a, k) - 1) if tau is None else tau
-        s = step(c, k, tau) / tau
-        return Point("ngram", k, a, c, base(c), s, tau, base(c) / s, P_TOK, N_OUT, ref_ms=ref(c))
+def test_reach_by_hand():
+    # φ = 0.8, α = 0.5, k = 3: effective acceptance 0.4, τ = 1 + 0.4 + 0.16 + 0.064 = 1.624
+    assert reach_of(1.624, 0.5, 3) == pytest.approx(0.8, abs=1e-9)
+    assert reach_of(1.875, 0.5, 3) == 1.0 and reach_of(1.0, 0.5, 3) == 0.0
 
-    pts = [short(k, a, c) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
-    odd = short(3, 0.9, 4, tau=2.0)
+
+def test_a_drafter_that_proposes_less_than_k_emits_less_than_E():
+    # position i proposed with probability 0.8^i (n-gram lookup without a match) at every
+    # point but the held-out one, whose own τ (2.0) never enters
+    pts = grid(phi=0.8)
+    odd = point(3, 0.9, 4, phi=0.8, tau=2.0)
     pts = [odd if (p.k, p.alpha, p.c) == (3, 0.9, 4) else p for p in pts]
     pr = next(x for x in project(pts) if x.point is odd)
-    # by hand: E(0.9, 3) = 3.439, τ = 1 + 0.8 × 2.439 = 2.9512 (η = 0.8 from the 3 others at k = 3)
-    assert pr.tau == pytest.approx(1 + 0.8 * 2.439) and "η = 0.800 from 3 other points at k=3" in pr.used
+    # by hand: φ α = 0.72, τ = 1 + 0.72 + 0.5184 + 0.373248 = 2.611648 (φ = 0.8 from the 3
+    # others at k = 3)
+    assert pr.tau == pytest.approx(2.611648) and "φ = 0.800 from 3 other points at k=3" in pr.used
 
 
 def test_few_points_fall_back_to_the_other_acceptances_step():
@@ -118,9 +146,10 @@ def test_as_the_model_achieves_tau_comes_from_other_levels():
     pts = [own(1, 3.0)] + [own(c, 2.5) for c in (2, 4, 8, 16)]
     pr1 = project(pts)[0]
     assert pr1.tau == 2.5 and "τ from c ≠ 1 (4 levels)" in pr1.used  # not its own 3.0
-    # one k at one τ: c k = 3c, and ΔP = 3 (c − 1), all in {1, c}: the fit keeps a' + b' 3c
-    # with b' = B + D / 3 + Q = 0.24333, a' = A − 3 Q = 0.47 (d's and q's parts folded in):
-    # S(c = 1) = 3.25 + 0.47 + 0.73 = 4.45, the whole model's 3.25 + 0.5 + 0.6 + 0.1 + 0
+    # c = 1 has no other point: the global form, one k at one τ: c k = 3c, and ΔP = 3 (c − 1),
+    # all in {1, c}: the fit keeps a' + b' 3c with b' = B + D / 3 + Q = 0.24333,
+    # a' = A − 3 Q = 0.47 (d's and q's parts folded in): S(c = 1) = 3.25 + 0.47 + 0.73 = 4.45,
+    # the whole model's 3.25 + 0.5 + 0.6 + 0.1 + 0
     assert pr1.fit["q"] == 0.0 and pr1.fit["d"] == 0.0
     assert pr1.fit["b"] == pytest.approx(B + D / 3 + Q) and pr1.fit["a"] == pytest.approx(0.47)
     assert pr1.step_ms == pytest.approx(4.45) and pr1.speedup == pytest.approx(2.75 / (4.45 / 2.5))
@@ -128,10 +157,15 @@ def test_as_the_model_achieves_tau_comes_from_other_levels():
 
 
 def test_break_even_by_hand():
-    coef = [A, B, D, Q]
+    fit = fit_step(grid(), per_level=False)   # the global form: exactly (A, B, D, Q)
+    assert fit.named() == pytest.approx({"a": A, "b": B, "d": D, "q": Q})
     # k = 1, c = 1 (no prefill shares the step), R = 2.2, base 2: S = 2.2 + 0.8 = 3, 2 τ = 3
     # → τ = 1.5, α = 0.5; at c = 4, R = base = 4: S = 5.7 + 0.06 (τ − 1), 4 τ = S → τ = 5.64 / 3.94
-    assert break_even(1, 1, 2.0, 2.2, coef, P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
-    assert break_even(1, 4, 4.0, 4.0, coef, P_TOK, N_OUT) == pytest.approx(5.64 / 3.94 - 1, abs=1e-9)
-    assert break_even(1, 1, 4.0, 2.2, coef, P_TOK, N_OUT) == 0.0   # pays at any acceptance
-    assert break_even(1, 1, 1.0, 2.2, coef, P_TOK, N_OUT) is None  # never pays (α = 1: 2 / 3)
+    assert break_even(1, 1, 2.0, 2.2, fit, P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
+    assert break_even(1, 4, 4.0, 4.0, fit, P_TOK, N_OUT) == pytest.approx(5.64 / 3.94 - 1, abs=1e-9)
+    assert break_even(1, 1, 4.0, 2.2, fit, P_TOK, N_OUT) == 0.0   # pays at any acceptance
+    assert break_even(1, 1, 1.0, 2.2, fit, P_TOK, N_OUT) is None  # never pays (α = 1: 2 / 3)
+    # a reach of 0.5 halves the effective acceptance: τ = 1.5 needs φ α = 0.5, α = 1
+    assert break_even(1, 1, 2.0, 2.2, fit, P_TOK, N_OUT, phi=0.5) == pytest.approx(1.0, abs=1e-9)
+    # the per-level form prices the same: g1 = 0.6 = A + D
+    assert break_even(1, 1, 2.0, 2.2, fit_step(grid()), P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
