@@ -31,7 +31,7 @@ def have_linter():
 def test_the_package_keeps_its_layers(have_linter):
     r = lint(ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in r.stdout
+    assert "Contracts: 5 kept, 0 broken." in r.stdout
 
 
 def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
@@ -44,3 +44,16 @@ def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
     assert r.returncode != 0
     assert "tracking never imports runners" in r.stdout and "BROKEN" in r.stdout
     assert "k25exp.tracking.liveness -> k25exp.runners.macro" in r.stdout
+
+
+def test_the_tpot_model_reading_runs_breaks_its_contract(have_linter, tmp_path):
+    """The TPOT model is arithmetic on figures handed to it: reading runs itself, planted in a
+    copy, is refused."""
+    shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
+                    ignore=shutil.ignore_patterns("__pycache__", "conf"))
+    model = tmp_path / "k25exp" / "report" / "tpot_model.py"
+    model.write_text(model.read_text() + "\nimport k25exp.report.sources  # planted\n")
+    r = lint(tmp_path)
+    assert r.returncode != 0
+    assert "the TPOT model is arithmetic on measured figures" in r.stdout and "BROKEN" in r.stdout
+    assert "k25exp.report.tpot_model -> k25exp.report.sources" in r.stdout
