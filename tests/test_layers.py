@@ -34,13 +34,18 @@ def test_the_package_keeps_its_layers(have_linter):
     assert "Contracts: 5 kept, 0 broken." in r.stdout
 
 
-def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
-    """tracking importing runners (recover.py did, to recompute figures), planted in a copy."""
+def planted(tmp_path: Path, module: str, imported: str) -> subprocess.CompletedProcess:
+    """lint on a copy of the package whose `module` (a path under k25exp/) imports `imported`."""
     shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
                     ignore=shutil.ignore_patterns("__pycache__", "conf"))
-    liveness = tmp_path / "k25exp" / "tracking" / "liveness.py"
-    liveness.write_text(liveness.read_text() + "\nimport k25exp.runners.macro  # planted\n")
-    r = lint(tmp_path)
+    path = tmp_path / "k25exp" / module
+    path.write_text(path.read_text() + f"\nimport {imported}  # planted\n")
+    return lint(tmp_path)
+
+
+def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
+    """tracking importing runners (recover.py did, to recompute figures), planted in a copy."""
+    r = planted(tmp_path, "tracking/liveness.py", "k25exp.runners.macro")
     assert r.returncode != 0
     assert "tracking never imports runners" in r.stdout and "BROKEN" in r.stdout
     assert "k25exp.tracking.liveness -> k25exp.runners.macro" in r.stdout
@@ -49,11 +54,7 @@ def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
 def test_the_tpot_model_reading_runs_breaks_its_contract(have_linter, tmp_path):
     """The TPOT model is arithmetic on figures handed to it: reading runs itself, planted in a
     copy, is refused."""
-    shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
-                    ignore=shutil.ignore_patterns("__pycache__", "conf"))
-    model = tmp_path / "k25exp" / "report" / "tpot_model.py"
-    model.write_text(model.read_text() + "\nimport k25exp.report.sources  # planted\n")
-    r = lint(tmp_path)
+    r = planted(tmp_path, "report/tpot_model.py", "k25exp.report.sources")
     assert r.returncode != 0
     assert "the TPOT model is arithmetic on measured figures" in r.stdout and "BROKEN" in r.stdout
     assert "k25exp.report.tpot_model -> k25exp.report.sources" in r.stdout
