@@ -31,16 +31,30 @@ def have_linter():
 def test_the_package_keeps_its_layers(have_linter):
     r = lint(ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in r.stdout
+    assert "Contracts: 5 kept, 0 broken." in r.stdout
+
+
+def planted(tmp_path: Path, module: str, imported: str) -> subprocess.CompletedProcess:
+    """lint on a copy of the package whose `module` (a path under k25exp/) imports `imported`."""
+    shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
+                    ignore=shutil.ignore_patterns("__pycache__", "conf"))
+    path = tmp_path / "k25exp" / module
+    path.write_text(path.read_text() + f"\nimport {imported}  # planted\n")
+    return lint(tmp_path)
 
 
 def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
     """tracking importing runners (recover.py did, to recompute figures), planted in a copy."""
-    shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
-                    ignore=shutil.ignore_patterns("__pycache__", "conf"))
-    liveness = tmp_path / "k25exp" / "tracking" / "liveness.py"
-    liveness.write_text(liveness.read_text() + "\nimport k25exp.runners.macro  # planted\n")
-    r = lint(tmp_path)
+    r = planted(tmp_path, "tracking/liveness.py", "k25exp.runners.macro")
     assert r.returncode != 0
     assert "tracking never imports runners" in r.stdout and "BROKEN" in r.stdout
     assert "k25exp.tracking.liveness -> k25exp.runners.macro" in r.stdout
+
+
+def test_the_tpot_model_reading_runs_breaks_its_contract(have_linter, tmp_path):
+    """The TPOT model is arithmetic on figures handed to it: reading runs itself, planted in a
+    copy, is refused."""
+    r = planted(tmp_path, "report/tpot_model.py", "k25exp.report.sources")
+    assert r.returncode != 0
+    assert "the TPOT model is arithmetic on measured figures" in r.stdout and "BROKEN" in r.stdout
+    assert "k25exp.report.tpot_model -> k25exp.report.sources" in r.stdout

@@ -1,5 +1,5 @@
 """The decode step in milliseconds: micro-benchmarks against the profile, category by category,
-at every profiled concurrency (k25exp.report.predict predicts TPOT from the same parts).
+at every profiled concurrency (k25exp.report.tpot_model predicts TPOT from the same parts).
 
 Per profiled concurrency c (one profile run each; the profile phase sweeps c on one server):
     micro ms      comm_allreduce / comm_allgather: nccl_burst's allreduce_ms_per_step /
