@@ -46,15 +46,15 @@ def _composed(experiment: str):
 
 def config_paths(node, prefix: str = "") -> Iterator[str]:
     """Every dotted key of a composed config, parents before their children (`server`,
-    `server.port`, ...): a key whose value is a list or a scalar, null included (it can be
-    set), or a mapping that holds something; a group left null (server on nccl_burst,
-    server.profiler on macro) is not there, nor anything under it."""
+    `server.port`, ...), a null one included (it can be set: server.profiler on macro) but
+    for a config group the experiment does not compose (server on nccl_burst: null at the
+    top), which is not there, nor anything under it."""
     for k in node.keys():
         child = node._get_node(k)
-        if isinstance(child, DictConfig) and child._is_none():
+        if not prefix and isinstance(child, DictConfig) and child._is_none():
             continue
         yield f"{prefix}{k}"
-        if isinstance(child, DictConfig) and not child._is_missing():
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             yield from config_paths(child, f"{prefix}{k}.")
 
 

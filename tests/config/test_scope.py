@@ -27,7 +27,8 @@ def test_phase_paths_are_every_dotted_key_the_experiment_composes():
     assert {"experiment", "experiment.input_tokens", "experiment.slo.ttft_ms", "server",
             "server.port", "server.env", "server.extra_args", "server.base_url",
             "server.tokenizer", "model.quant.bits"} <= macro
-    assert "server.profiler" not in macro  # null on macro: a group it does not set
+    # null on macro, a mapping on profile: a key both have, what is in it profile's alone
+    assert "server.profiler" in macro and "server.profiler.profiler" not in macro
     assert {"server.profiler", "server.profiler.profiler", "experiment.input_tokens"} <= profile
     assert "experiment.tokens" in burst
     assert not {p for p in burst if p == "server" or p.startswith("server.")}
