@@ -7,7 +7,9 @@
 #                                                   # extra args go to every phase whose config
 #                                                   # has their key: server.* to the phases that
 #                                                   # drive a server (macro, profile, spec_decode),
-#                                                   # a line says what another phase was not given
+#                                                   # experiment.input_tokens=... to those whose
+#                                                   # experiment has it; a line says what another
+#                                                   # phase was not given, naming the key
 #   PHASES="nccl_burst all_to_all" ./multirun.sh    # a subset of phases
 #   ./multirun.sh debug=quick macro:experiment.concurrency=[1,2]
 #                                                   # PHASE:override goes to that phase only
@@ -28,14 +30,14 @@ fi
 export K25EXP_CAMPAIGN="${K25EXP_CAMPAIGN:-campaign-$(date -u +%Y%m%dT%H%M%SZ)}"
 
 # Phases and their sweeps come from the experiment schemas (campaign_order, campaign_sweep in
-# k25exp/config/experiments/), with the top-level keys each phase's config has (a server group
-# only where the experiment drives a server): `python -m k25exp.config.campaign` lists them.
-declare -A SWEEP=() KEYS=()
+# k25exp/config/experiments/), with every dotted key each phase's config has (`server` and
+# `server.port` only where the experiment drives a server, `experiment.input_tokens` only
+# where its experiment has one): `python -m k25exp.config.campaign` lists them.
+declare -A SWEEP=() HAS=() ANY=()
 all_phases=()
-any_keys=" "
 while IFS=$'\t' read -r name keys args; do
-  SWEEP[$name]="$args"; KEYS[$name]=" $keys "; all_phases+=("$name")
-  for k in $keys; do [[ "$any_keys" == *" $k "* ]] || any_keys+="$k "; done
+  SWEEP[$name]="$args"; all_phases+=("$name")
+  for k in $keys; do HAS["$name $k"]=1; ANY[$k]=1; done
 done < <("$PYTHON" -m k25exp.config.campaign)
 if (( ${#all_phases[@]} == 0 )); then
   echo "multirun.sh: could not list the campaign's phases with $PYTHON -m k25exp.config.campaign" >&2
@@ -65,15 +67,45 @@ for a in "$@"; do
   fi
 done
 
-# The top-level key an override sets (server.port=1, server=endpoint, +server.x=1 → server);
-# empty for Hydra's flags and its own hydra.* settings, which every phase takes.
+# The dotted key an override sets (server.port=1 → server.port, +server.env.X=1 →
+# server.env.X, server=endpoint → server, ~server.extra_args → server.extra_args); empty for
+# Hydra's flags and its own hydra.* settings, which every phase takes.
 override_key() {
   local a="$1" k
   [[ "$a" == -* || ( "$a" != *=* && "$a" != "~"* ) ]] && return
-  k="${a#"${a%%[!+~]*}"}"; k="${k%%=*}"; k="${k%%[./@]*}"
-  [[ "$k" == hydra ]] || printf '%s' "$k"
+  k="${a#"${a%%[!+~]*}"}"; k="${k%%=*}"; k="${k%%@*}"; k="${k//\//.}"
+  [[ "$k" == hydra || "$k" == hydra.* ]] || printf '%s' "$k"
 }
 
+# What an argument is scoped by: the longest start of its key that some phase's config has
+# (experiment.input_tokens itself; server for +server.x, which no config has yet); empty for
+# a key no phase has, which every phase gets, so that Hydra names the typo.
+scope_key() {
+  local k="$1"
+  while [[ -n "$k" && -z "${ANY[$k]+set}" ]]; do
+    if [[ "$k" == *.* ]]; then k="${k%.*}"; else k=""; fi
+  done
+  printf '%s' "$k"
+}
+
+# The first part of a scope key a phase's config lacks (server for server.port on gemm,
+# experiment.input_tokens on nccl_burst, which has an experiment); empty if it has it all.
+lacking() {
+  local phase="$1" k="$2" p="" part parts
+  IFS=. read -ra parts <<< "$k"
+  for part in "${parts[@]}"; do
+    p="${p:+$p.}$part"
+    [[ -n "${HAS["$phase $p"]+set}" ]] || { printf '%s' "$p"; return; }
+  done
+}
+
+# Each argument for every phase with its scope key (the same for every phase)
+scopes=()
+for a in ${common[@]+"${common[@]}"}; do
+  k=$(override_key "$a"); scopes+=("${k:+$(scope_key "$k")}")
+done
+
+declare -A not_given=()  # per phase: the arguments it was not given, by the key it lacks
 ok=() failed=()
 t_start=$(date +%s)
 report_log=$(mktemp)
@@ -87,19 +119,24 @@ for phase in $PHASES; do
   mapfile -t extra < <(printf '%s' "${only[$phase]:-}")
   # An argument for every phase goes to those whose config has its key: server.* reaches the
   # phases that drive a server, not nccl_burst or gemm (whose config has no server: Hydra would
-  # refuse it). A key no phase has still goes to all, so Hydra names a typo.
-  mine=() dropped=() lacks=" "
-  for a in ${common[@]+"${common[@]}"}; do
-    k=$(override_key "$a")
-    if [[ -n "$k" && "$any_keys" == *" $k "* && "${KEYS[$phase]}" != *" $k "* ]]; then
-      dropped+=("$a"); [[ "$lacks" == *" $k "* ]] || lacks+="$k "
+  # refuse it), experiment.input_tokens the phases whose experiment has it. One line per key a
+  # phase lacks says what it was not given.
+  mine=() dropped=() lacks=() not_given=()
+  for i in ${common[@]+"${!common[@]}"}; do
+    a=${common[$i]}
+    miss=""; [[ -n "${scopes[$i]}" ]] && miss=$(lacking "$phase" "${scopes[$i]}")
+    if [[ -n "$miss" ]]; then
+      dropped+=("$a")
+      [[ -n "${not_given[$miss]+set}" ]] || lacks+=("$miss")
+      not_given[$miss]+=" $a"
     else
       mine+=("$a")
     fi
   done
+  for miss in ${lacks[@]+"${lacks[@]}"}; do
+    echo "multirun.sh: phase $phase has no $miss in its config: not passing${not_given[$miss]}"
+  done
   if (( ${#dropped[@]} )); then
-    lacks="${lacks# }"
-    echo "multirun.sh: phase $phase has no ${lacks% } in its config: not passing ${dropped[*]}"
     # One routing across the campaign: a served phase on dummy weights routes uniformly unless
     # model.routing says otherwise (k25exp.model.routing.effective); a phase without a server
     # can't see server.load_format, so it is told (the GEMM phase's MoE draws the same routing)

@@ -43,15 +43,20 @@ def test_a_phase_override_replaces_that_phase_s_own_sweep_of_the_key(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "K25EXP_CAMPAIGN": "c-sweep",
            "PYTHON": warm_python(), "PHASES": "nccl_burst"}
-    # server settings for the whole campaign (the README's command passes them): this phase
-    # has no server, so they are left out of its command line, and it says so
+    # server settings for the whole campaign (the README's command passes them), and a key of
+    # the serving experiments': this phase has neither, so they are left out of its command
+    # line (Hydra refused experiment.input_tokens on NcclBurstConfig), and it says so
     p = subprocess.run(["./multirun.sh", "debug=quick", "experiment.communicator=torch",
                         "server.model_path=/models/X", "server.port=0",
+                        "experiment.input_tokens=1536",
                         "nccl_burst:experiment.tokens=2", f"paths.outputs={tmp_path}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert ("multirun.sh: phase nccl_burst has no server in its config: not passing "
-            "server.model_path=/models/X server.port=0") in p.stdout
+            "server.model_path=/models/X server.port=0\n") in p.stdout
+    assert ("multirun.sh: phase nccl_burst has no experiment.input_tokens in its config: not "
+            "passing experiment.input_tokens=1536\n") in p.stdout
+    assert "1 phase(s) ok (nccl_burst), 0 failed" in p.stdout
     runs = MlflowClient(uri).search_runs(
         [e.experiment_id for e in MlflowClient(uri).search_experiments()])
     tokens = sorted(int(r.data.params["experiment.tokens"]) for r in runs
@@ -99,6 +104,67 @@ def test_the_readme_campaign_gives_server_settings_to_the_serving_phases_only(tm
         said = (f"multirun.sh: phase {name} has no server in its config: not passing "
                 "server.model_path=/models/Kimi-K2.5")
         assert (said in p.stdout) == (not served)
+
+
+# The phases whose experiment has input_tokens (MacroConfig's, spec_decode's by inheritance,
+# ProfileConfig's); the collective, GEMM and report phases have none
+HAVE_INPUT_TOKENS = {"macro", "profile", "spec_decode"}
+SERVED = {"macro", "profile", "spec_decode"}  # the phases whose config has the server group
+CAMPAIGN = {"nccl_burst", "allreduce_sweep", "all_to_all", "gemm", "macro", "profile",
+            "spec_decode", "report"}
+
+
+def test_an_experiment_key_reaches_only_the_phases_whose_experiment_has_it(tmp_path):
+    """The README's campaign command with experiment.input_tokens=1536: every phase has an
+    `experiment`, but only the serving ones have its input_tokens (Hydra refused it on
+    NcclBurstConfig, AllReduceSweepConfig, AllToAllConfig, GemmConfig and the report when the
+    script scoped by the top-level key); each other phase says, naming the key, what it was
+    not given."""
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "K25EXP_CAMPAIGN": "c-key"}
+    env.pop("PHASES", None)
+    p = subprocess.run(["./multirun.sh", "hardware=rtx_pro_6000_x8_pcie", "model=kimi_k25_int4",
+                        "server.model_path=/models/Kimi-K2.5", "experiment.input_tokens=1536"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = _phase_lines(p.stdout)
+    assert set(lines) == CAMPAIGN
+    for name, line in lines.items():
+        has = name in HAVE_INPUT_TOKENS
+        assert has == (name in SERVED)
+        assert ("experiment.input_tokens=1536" in line) == has, line
+        said = (f"multirun.sh: phase {name} has no experiment.input_tokens in its config: not "
+                "passing experiment.input_tokens=1536")
+        assert (said in p.stdout) == (not has), name
+        # the server settings as before: one line for the server group, one for the key
+        assert ("server.model_path=/models/Kimi-K2.5" in line) == has, line
+        assert (f"multirun.sh: phase {name} has no server in its config: not passing "
+                "server.model_path=/models/Kimi-K2.5\n" in p.stdout) == (not has), name
+
+
+@pytest.mark.parametrize("arg,reaches,lacking", [
+    # added keys and deletions scope by the part of their key some phase has: the server group
+    ("+server.env.HF_HOME=/x", SERVED, "server"),
+    ("~server.extra_args", SERVED, "server"),
+    ("server=endpoint", SERVED, "server"),  # a group selection
+    ("+experiment.x=1", CAMPAIGN, None),  # every phase has an experiment: Hydra decides
+    ("experiment.tokens=2", {"nccl_burst"}, "experiment.tokens"),  # NcclBurstConfig's alone
+    ("model.routing=uniform", CAMPAIGN, None),
+    ("spec=ngram", CAMPAIGN, None),  # a group whose options set experiment.*: no key of its own
+    ("experiment.input_tokenz=5", CAMPAIGN, None),  # no phase has it: Hydra names the typo
+    ("hydra.verbose=true", CAMPAIGN, None),  # Hydra's own settings: every job has them
+])
+def test_each_argument_reaches_the_phases_that_have_its_key(tmp_path, arg, reaches, lacking):
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path)}
+    env.pop("PHASES", None)
+    p = subprocess.run(["./multirun.sh", arg], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = _phase_lines(p.stdout)
+    assert set(lines) == CAMPAIGN
+    assert {name for name, line in lines.items() if arg in line.split()} == reaches
+    told = {line for line in p.stdout.splitlines() if line.startswith("multirun.sh: phase ")}
+    assert told == {f"multirun.sh: phase {name} has no {lacking} in its config: not passing {arg}"
+                    for name in CAMPAIGN - reaches}
 
 
 def test_h200_campaign_stages_still_route_their_server_settings(tmp_path):

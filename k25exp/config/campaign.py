@@ -1,7 +1,7 @@
 """The campaign's phases, in order, as the experiment schemas declare them.
 
 multirun.sh asks this module (`python -m k25exp.config.campaign`) for its phase list, each
-phase's sweep and the config keys each phase has, and the report for the phases it expects;
+phase's sweep and the config keys (dotted) each phase has, and the report for the phases it expects;
 neither keeps its own list.
 """
 
@@ -22,10 +22,11 @@ def sweep(phase: str) -> str:
 
 
 if __name__ == "__main__":
-    # One line per phase (for multirun.sh): NAME<TAB>TOP-LEVEL KEYS<TAB>SWEEP ARGUMENTS, the
-    # keys being those its config has (k25exp.config.scope), so each phase gets only its own
-    # overrides (the sweep last: it may be empty, and bash's read folds adjacent tabs)
-    from k25exp.config.scope import phase_keys
+    # One line per phase (for multirun.sh): NAME<TAB>KEYS<TAB>SWEEP ARGUMENTS, the keys being
+    # every dotted key its config has (k25exp.config.scope.phase_paths: `server`, `server.port`,
+    # `experiment.input_tokens` ...), so each phase gets only its own overrides (the sweep
+    # last: it may be empty, and bash's read folds adjacent tabs)
+    from k25exp.config.scope import phase_paths
 
     for p in phases():
-        print(f"{p}\t{' '.join(sorted(phase_keys(p)))}\t{sweep(p)}")
+        print(f"{p}\t{' '.join(sorted(phase_paths(p)))}\t{sweep(p)}")

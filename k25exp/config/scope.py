@@ -3,8 +3,9 @@
 The root config holds what every job has (model, hardware, tracking, paths, seed); a group
 that only some experiments use is composed by those experiments' files alone — the `server`
 group by the ones that drive a server (macro, profile, spec_decode, slo_search). So an
-override of `server.*` means something to those and nothing to a collective or GEMM job:
-multirun.sh passes each phase only the overrides whose key its config has (`phase_keys`), and
+override of `server.*` means something to those and nothing to a collective or GEMM job, and
+`experiment.input_tokens` to the serving experiments alone: multirun.sh passes each phase only
+the overrides whose key its config has (`phase_paths`, by the whole dotted key), and
 the command line refuses `server.port=1` on an experiment without a server with the reason
 (`missing_part_error`) instead of OmegaConf's "Unexpected type for root: NoneType".
 
@@ -15,7 +16,9 @@ from a list kept here.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
+
+from omegaconf import DictConfig
 
 
 def override_key(arg: str) -> Optional[str]:
@@ -29,9 +32,8 @@ def override_key(arg: str) -> Optional[str]:
     return None if not head or head == "hydra" else head
 
 
-def phase_keys(experiment: str) -> frozenset[str]:
-    """The top-level keys `experiment=NAME` composes to that hold something (a group an
-    experiment does not use is null: server on nccl_burst)."""
+def _composed(experiment: str):
+    """The config `experiment=NAME` composes to (Hydra's compose, the real defaults lists)."""
     from hydra import compose, initialize_config_dir
 
     from k25exp.config import register_configs
@@ -39,8 +41,32 @@ def phase_keys(experiment: str) -> frozenset[str]:
 
     register_configs()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={experiment}"])
-    return frozenset(k for k in cfg if cfg[k] is not None)
+        return compose("config", overrides=[f"experiment={experiment}"])
+
+
+def config_paths(node, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of a composed config, parents before their children (`server`,
+    `server.port`, ...), a null one included (it can be set: server.profiler on macro) but
+    for a config group the experiment does not compose (server on nccl_burst: null at the
+    top), which is not there, nor anything under it."""
+    for k in node.keys():
+        child = node._get_node(k)
+        if not prefix and isinstance(child, DictConfig) and child._is_none():
+            continue
+        yield f"{prefix}{k}"
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            yield from config_paths(child, f"{prefix}{k}.")
+
+
+def phase_paths(experiment: str) -> frozenset[str]:
+    """The dotted keys `experiment=NAME` composes to (config_paths)."""
+    return frozenset(config_paths(_composed(experiment)))
+
+
+def phase_keys(experiment: str) -> frozenset[str]:
+    """The top-level keys `experiment=NAME` composes to that hold something (a group an
+    experiment does not use is null: server on nccl_burst)."""
+    return frozenset(k for k in phase_paths(experiment) if "." not in k)
 
 
 def _experiments(args: Iterable[str]) -> list[Optional[str]]:

@@ -4,8 +4,9 @@ Hydra already rejects unknown keys, wrong types and unknown group options at com
 this module catches values that are well-typed but impossible (TP not dividing the world,
 a dtype the backend cannot reduce, NCCL without GPUs). Every problem is reported at once,
 each naming its key, the value and what was expected. Here: the model and the hardware, and
-`+key` additions Hydra would drop; each experiment checks itself (its schema's `check`,
-k25exp.config.experiments).
+`+key` additions Hydra would drop; the tracking group's rule (config.tracking_checks) and the
+server group's (config.server_checks, for every experiment that has the group); each
+experiment checks itself (its schema's `check`, k25exp.config.experiments).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from k25exp import nominal, vllm_kernels
 from k25exp.config.experiments import EXPERIMENT_SCHEMAS
 from k25exp.config.experiments.base import positive
 from k25exp.config.schema import K25Config
+from k25exp.config.server_checks import server_problems
+from k25exp.config.tracking_checks import tracking_problems
 from k25exp.dtypes import BACKEND_DTYPES
 from k25exp.model import routing
 from k25exp.model.quant_config import is_quantized, quantization_config
@@ -122,6 +125,9 @@ def validate(c: K25Config, gpu_count: Optional[Callable[[], int]] = None) -> Non
     problems: list[str] = []
     _check_model(c, problems)
     _check_hardware(c, problems, gpu_count or local_gpu_count)
+    problems += tracking_problems(c.tracking)
+    if c.server is not None:  # whichever experiment composed the group, checked once
+        server_problems(c, problems)
     c.experiment.check(c, problems)  # the schema's own checks (and its parents')
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from k25exp import vllm_kernels
-from k25exp.config.experiments.serving import quantized_needs_dummy
 from k25exp.config.schema import ModelConfig, ServerConfig
+from k25exp.config.server_checks import quantized_needs_dummy
 from k25exp.model import routing as routing_mod
 from k25exp.redact import is_secret, redact_env, scrub
 from k25exp.config.dev_endpoints import dev_mode_allowed

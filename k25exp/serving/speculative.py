@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from k25exp.config.experiments import SpeculativeSettings
+from k25exp.config.experiments.speculative import SpeculativeSettings
 from k25exp.config.spec_methods import EAGLE3_HEAD
 from k25exp.serving.draft_head import eagle3_head
 from k25exp.serving.spec_acceptance import speculative_keys

@@ -55,14 +55,13 @@ def open_run(tracking, folder: Path, run_name: Optional[str], tags: dict,
     if tracking.backend == "mlflow":
         reason = server_unreachable(tracking.uri, tracking.connect_timeout_s)
         if reason is None:
+            from k25exp.config.tracking_checks import tracking_problems
             from k25exp.tracking.liveness import Heartbeat, where_tags
             from k25exp.tracking.mlflow_store import MlflowStore
 
-            if tracking.heartbeat_s and tracking.stale_after_s < 2 * tracking.heartbeat_s:
-                raise ValueError(
-                    f"tracking.stale_after_s={tracking.stale_after_s:g} must be at least twice "
-                    f"tracking.heartbeat_s={tracking.heartbeat_s:g}: a run on another host that "
-                    "beats on time would be judged dead and ended")
+            # a job's config was validated with this rule; a multirun's parent opens first
+            if why := tracking_problems(tracking):
+                raise ValueError("; ".join(why))
             store = MlflowStore(tracking.uri, tracking.artifact_root)
             if recover:
                 recover_dead_runs(store, tracking)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from k25exp.config.experiments import EXPERIMENT_SCHEMAS
-from k25exp.config.scope import missing_part_error, override_key, phase_keys
+from k25exp.config.scope import missing_part_error, override_key, phase_keys, phase_paths
 from k25exp.config.validate import to_typed
 from tests.conftest import compose_cfg
 
@@ -19,6 +19,21 @@ def test_only_the_serving_experiments_compose_a_server(name):
     keys = phase_keys(name)
     assert ("server" in keys) == (name in SERVING), sorted(keys)
     assert {"model", "hardware", "tracking", "paths", "experiment"} <= keys  # what every job has
+
+
+def test_phase_paths_are_every_dotted_key_the_experiment_composes():
+    macro, burst, profile = phase_paths("macro"), phase_paths("nccl_burst"), phase_paths("profile")
+    # MacroConfig's own key, the server's keys (a mapping, a list, a null leaf), its parents
+    assert {"experiment", "experiment.input_tokens", "experiment.slo.ttft_ms", "server",
+            "server.port", "server.env", "server.extra_args", "server.base_url",
+            "server.tokenizer", "model.quant.bits"} <= macro
+    # null on macro, a mapping on profile: a key both have, what is in it profile's alone
+    assert "server.profiler" in macro and "server.profiler.profiler" not in macro
+    assert {"server.profiler", "server.profiler.profiler", "experiment.input_tokens"} <= profile
+    assert "experiment.tokens" in burst
+    assert not {p for p in burst if p == "server" or p.startswith("server.")}
+    assert "experiment.input_tokens" not in burst
+    assert phase_keys("nccl_burst") == {p for p in burst if "." not in p}
 
 
 def test_a_collective_job_has_no_server_and_binds_its_ranks_as_the_server_would():

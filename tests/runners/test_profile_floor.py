@@ -43,8 +43,13 @@ def test_the_server_tp_is_the_divisor():
 
 
 def test_a_model_the_byte_count_cannot_shard_is_a_tag_not_a_failure():
+    # a server launched at a TP that does not divide the heads is refused by the config
+    # (k25exp.config.server_checks); one attached to (server=endpoint) runs at its owner's TP
     rec = MemoryRecorder()
-    c = cfg("model=kimi_k25_int4", "hardware=h200_x8_nvlink", "model.num_attention_heads=12")
+    c = cfg("model=kimi_k25_int4", "hardware=h200_x8_nvlink", "model.num_attention_heads=12",
+            "server=endpoint", "server.base_url=http://gpu-box:8000", "server.tokenizer=/models/k2",
+            "experiment.trace_dir=/traces")
+    assert c.server.tp == 8
     assert step_floor(c, {"decode_step_ms": 1.0}, rec) == {}
     assert "not divisible by tp=8" in rec.tags["floor.error"]
 

