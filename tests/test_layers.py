@@ -31,16 +31,29 @@ def have_linter():
 def test_the_package_keeps_its_layers(have_linter):
     r = lint(ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in r.stdout
+    assert "Contracts: 5 kept, 0 broken." in r.stdout
 
 
-def test_an_upward_import_breaks_the_contract(have_linter, tmp_path):
-    """tracking importing runners (recover.py did, to recompute figures), planted in a copy."""
+def test_planted_imports_break_their_contracts(have_linter, tmp_path):
+    """In a copy of the package (one lint run for the three): tracking importing runners
+    (recover.py did, to recompute figures), compare importing report (it did, to borrow
+    RunView and run_url), and a module outside tracking importing mlflow inside a function
+    (report/sources.py and compare/resolve.py did)."""
     shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
                     ignore=shutil.ignore_patterns("__pycache__", "conf"))
-    liveness = tmp_path / "k25exp" / "tracking" / "liveness.py"
-    liveness.write_text(liveness.read_text() + "\nimport k25exp.runners.macro  # planted\n")
+
+    def plant(module: str, line: str) -> None:
+        path = tmp_path / "k25exp" / module
+        path.write_text(path.read_text() + line)
+
+    plant("tracking/liveness.py", "\nimport k25exp.runners.macro  # planted\n")
+    plant("compare/envdiff.py", "\nfrom k25exp.report.sources import Campaign  # planted\n")
+    plant("report/render.py", "\n\ndef _planted():\n    from mlflow.tracking import MlflowClient\n")
     r = lint(tmp_path)
     assert r.returncode != 0
-    assert "tracking never imports runners" in r.stdout and "BROKEN" in r.stdout
+    assert "Contracts: 2 kept, 3 broken." in r.stdout
     assert "k25exp.tracking.liveness -> k25exp.runners.macro" in r.stdout
+    assert "k25exp.compare is not allowed to import k25exp.report" in r.stdout
+    assert "k25exp.compare.envdiff -> k25exp.report.sources" in r.stdout
+    assert "Illegal imports of protected package mlflow" in r.stdout
+    assert "k25exp.report.render -> mlflow" in r.stdout
