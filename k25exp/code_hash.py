@@ -21,10 +21,11 @@ from typing import Iterable, Optional
 SCOPE = ("k25exp/", "conf/", "pyproject.toml")
 # modules that read runs and never run a measurement: editing them changes no figure
 READERS = ("k25exp/report/", "k25exp/compare/", "k25exp/commands/",
+           "k25exp/tracking/read.py", "k25exp/tracking/ui_links.py",  # the store read back
            "k25exp/runners/campaign_report.py", "k25exp/config/experiments/report.py",
            "conf/experiment/report.yaml")
 DESCRIPTION = ("sha256 over path + git blob id of k25exp/, conf/ and pyproject.toml, less the "
-               "report, compare and command modules (k25exp.code_hash)")
+               "report, compare and command modules and tracking's read side (k25exp.code_hash)")
 
 
 def in_scope(path: str) -> bool:

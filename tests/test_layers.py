@@ -31,7 +31,7 @@ def have_linter():
 def test_the_package_keeps_its_layers(have_linter):
     r = lint(ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "Contracts: 6 kept, 0 broken." in r.stdout
+    assert "Contracts: 7 kept, 0 broken." in r.stdout
 
 
 def planted(tmp_path: Path, module: str, imported: str) -> subprocess.CompletedProcess:
@@ -58,3 +58,22 @@ def test_the_tpot_model_reading_runs_breaks_its_contract(have_linter, tmp_path):
     assert r.returncode != 0
     assert "the TPOT model is arithmetic on measured figures" in r.stdout and "BROKEN" in r.stdout
     assert "k25exp.report.tpot_model -> k25exp.report.sources" in r.stdout
+
+
+def test_compare_reading_report_and_mlflow_outside_tracking_break_their_contracts(have_linter, tmp_path):
+    """compare importing report (it did, to borrow RunView and run_url), and a module outside
+    tracking importing mlflow inside a function (report/sources.py and compare/resolve.py did),
+    planted in one copy."""
+    shutil.copytree(ROOT / "k25exp", tmp_path / "k25exp",
+                    ignore=shutil.ignore_patterns("__pycache__", "conf"))
+    for module, line in (("compare/envdiff.py", "\nfrom k25exp.report.sources import Campaign  # planted\n"),
+                         ("report/render.py", "\n\ndef _planted():\n    from mlflow.tracking import MlflowClient\n")):
+        path = tmp_path / "k25exp" / module
+        path.write_text(path.read_text() + line)
+    r = lint(tmp_path)
+    assert r.returncode != 0
+    assert "Contracts: 5 kept, 2 broken." in r.stdout
+    assert "k25exp.compare is not allowed to import k25exp.report" in r.stdout
+    assert "k25exp.compare.envdiff -> k25exp.report.sources" in r.stdout
+    assert "Illegal imports of protected package mlflow" in r.stdout
+    assert "k25exp.report.render -> mlflow" in r.stdout

@@ -22,8 +22,8 @@ def main(args: list[str]) -> int:
                    help="show the runs of jobs killed hard as MLflow left them (RUNNING) instead of "
                         "ending them KILLED first, as `k25exp recover` does")
     a = p.parse_args(args)
-    from k25exp.compare.links import ui_links
     from k25exp.config.store import store_uri
+    from k25exp.tracking.ui_links import ui_links
 
     uri = a.uri or store_uri()
     # A job killed hard left its run RUNNING, and a job never ends other jobs' runs: end them

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from k25exp.compare.resolve import RUN_SPECIFIC_PARAMS, Side
-from k25exp.report.sources import RunView
 from k25exp.tracking import ui_view
+from k25exp.tracking.read import RunView
 
 RUN_SPECIFIC_TAG_PREFIXES = ("mlflow.", "compare.", "report.")
 RUN_SPECIFIC_TAGS = frozenset({

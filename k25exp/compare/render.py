@@ -15,6 +15,7 @@ from typing import Optional
 from k25exp import html_page
 from k25exp.compare.directions import RULES
 from k25exp.compare.table import Comparison, Row
+from k25exp.tracking.ui_links import run_url
 
 COLUMNS = ("figure", "A", "B", "change", "better", "p (Holm)", "median change, 95 % CI",
            "significant", "note")
@@ -60,8 +61,6 @@ def by_pair(c: Comparison) -> dict[str, list[Row]]:
 
 def pair_links(c: Comparison, label: str) -> list[tuple[str, str, str]]:
     """(side, short id, MLflow UI link) of a pair's two runs."""
-    from k25exp.report.render import run_url
-
     p = next(p for p in c.pairs if p.label == label)
     return [(side, r.short, run_url(c.ui_url, r)) for side, r in (("A", p.a), ("B", p.b))]
 

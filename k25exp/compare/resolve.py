@@ -1,8 +1,8 @@
 """Run ids, sweep parent ids and campaign ids → the runs to compare, paired.
 
-This module and k25exp/compare/track.py are the only ones of k25exp.compare that talk to
-MLflow. A side is one run, a multirun's children (given the parent's id) or a campaign's
-phase runs (given its `campaign` tag). Runs of the two sides are paired by experiment and by
+The runs are read through k25exp.tracking.read (compare's own run is written by track.py). A
+side is one run, a multirun's children (given the parent's id) or a campaign's phase runs
+(given its `campaign` tag). Runs of the two sides are paired by experiment and by
 the values of the params their sweep varied (those that differ between runs of one experiment
 on either side); runs of different experiments are never paired, and a compare whose sides
 share no experiment is refused naming both.
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from k25exp.report.sources import RunView
+from k25exp.tracking import read
+from k25exp.tracking.read import RunView
 
 # Params that differ between runs for reasons other than what was measured.
 RUN_SPECIFIC_PARAMS = ("paths.", "hydra.", "tracking.run_name", "tracking.campaign",
@@ -50,41 +51,17 @@ class Pair:
         return f"{self.experiment}" + (f" [{sweep}]" if sweep else "")
 
 
-def client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def _view(r) -> RunView:
-    return RunView(r.info.run_id, r.info.experiment_id, r.data.tags.get("k25exp.experiment", ""),
-                   r.info.status, r.info.start_time or 0, r.info.run_name or "",
-                   dict(r.data.params), dict(r.data.metrics), dict(r.data.tags))
-
-
 def resolve(c, ident: str) -> Side:
     """A run id, a sweep parent's run id or a campaign id, as a Side of finished runs."""
-    from mlflow.exceptions import MlflowException
-
-    from k25exp.tracking.mlflow_store import child_runs
-
-    run = None
-    try:
-        run = c.get_run(ident)
-    except MlflowException:
-        pass
-    if run is not None and run.data.tags.get("k25exp.role") == "parent":
-        side = Side(ident, "sweep", [_view(r) for r in child_runs(c, ident)])
+    run = read.run(c, ident)
+    if run is not None and run.is_parent:
+        side = Side(ident, "sweep", read.children(c, ident))
     elif run is not None:
-        side = Side(ident, "run", [_view(run)])
+        side = Side(ident, "run", [run])
     elif "'" in ident:
         raise CompareError(f"{ident!r} is not a run id, and a campaign id has no quote in it")
     else:
-        ids = [e.experiment_id for e in c.search_experiments()]
-        found = c.search_runs(ids, filter_string=f"tags.campaign = '{ident}'",
-                              max_results=10000) if ids else []
-        side = Side(ident, "campaign", [_view(r) for r in found
-                                        if r.data.tags.get("k25exp.role") != "parent"])
+        side = Side(ident, "campaign", read.campaign_runs(c, ident))
         if not side.runs:
             raise CompareError(f"{ident!r} is neither a run id, a sweep parent's run id nor a "
                                f"campaign id in {getattr(c, 'tracking_uri', 'the store')}")
@@ -150,9 +127,7 @@ def figures(c, r: RunView, skip: tuple[str, ...] = ()) -> dict[tuple[str, Option
     for key in sorted(r.metrics):
         if key in skip:
             continue
-        hist = {}
-        for m in sorted(c.get_metric_history(r.run_id, key), key=lambda m: m.timestamp):
-            hist[m.step] = m.value
+        hist = read.history(c, r.run_id, key)
         if set(hist) <= {0}:
             out[(key, None)] = r.metrics[key]
         else:
@@ -162,8 +137,6 @@ def figures(c, r: RunView, skip: tuple[str, ...] = ()) -> dict[tuple[str, Option
 
 def fetch_samples(uri: str, r: RunView):
     """(the run's samples by figure, a problem reading them or "")."""
-    from mlflow.artifacts import download_artifacts
-
     from k25exp.compare.samples import source
 
     found = source(r.phase)  # the experiment's schema says where its samples are
@@ -174,11 +147,11 @@ def fetch_samples(uri: str, r: RunView):
         got = []
         for p in paths:
             try:
-                # into its own parent folder: MLflow puts a file artifact at dst/<basename>
+                # into its own parent folder: a file artifact lands at dst/<basename>
                 # (spec/requests.jsonl and baseline/requests.jsonl would land on one path)
                 dst = Path(tmp) / Path(p).parent
                 dst.mkdir(parents=True, exist_ok=True)
-                download_artifacts(run_id=r.run_id, artifact_path=p, dst_path=str(dst), tracking_uri=uri)
+                read.download_artifact(uri, r.run_id, p, dst)
                 got.append(p)
             except Exception as e:  # an artifact that was never logged
                 if p == paths[0]:

@@ -21,6 +21,7 @@ from typing import Optional
 
 from k25exp.compare import directions, envdiff, resolve, samples
 from k25exp.compare import significance as stats
+from k25exp.tracking import read
 
 DEFAULT_NOISE_PCT = 5.0
 # Bookkeeping timings of the job itself, not figures of what was measured.
@@ -169,7 +170,7 @@ def judge_pair(p, fa: dict, fb: dict, sa: dict, sb: dict, problem: str, alpha: f
 
 def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
             fail_on: Optional[float] = None, noise: float = DEFAULT_NOISE_PCT) -> Comparison:
-    c = resolve.client(uri)
+    c = read.client(uri)
     a, b = resolve.resolve(c, a_id), resolve.resolve(c, b_id)
     pairs, unmatched = resolve.match(a, b)
     inputs = []

@@ -51,7 +51,8 @@ from k25exp.report.figures import Figure, Section, Table, missing, share, unique
 from k25exp.report.measured import (ONE_RANK, auto_kernel, burst_key, model_of, one_rank,
                                     timed_us, used_us)
 from k25exp.report.reconcile import EXPERT_SHAPES, moe_us
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 PROFILE_GROUPS = ("communication", "gemm")  # k25exp.traces: sums of comm_* / gemm_* categories
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 from k25exp.report.metrics import Metric
-from k25exp.report.sources import RunView
+from k25exp.tracking.read import RunView
 
 
 @dataclass

@@ -21,7 +21,8 @@ from k25exp import nominal
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, missing
 from k25exp.report.measured import needs_gpus, one_rank
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 
 def collectives(c: Campaign) -> Section:

@@ -23,7 +23,8 @@ import math
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 ISOLATED = "latency_us"
 INSTREAM = "latency_us_instream"

@@ -10,9 +10,10 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.measured import ONE_RANK
 from k25exp.report.reconcile import Micro, engine_tpot, profile_runs, shape_note, uncovered_parts
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
 from k25exp.report.tpot_model import (BETWEEN_STEPS, WAIT, Inputs, MicroParts, Prediction, Profiled,
                                       predict_levels)
+from k25exp.tracking.read import RunView
 
 TRANSPORT = "burst_transport_ms"  # the burst key of a CPU communicator (measured.burst_key)
 

@@ -29,8 +29,9 @@ from typing import Callable, Optional
 
 from k25exp import code_hash
 
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
 from k25exp.serving.vllm_version import NOT_INSTALLED
+from k25exp.tracking.read import RunView
 
 COLLECTIVE_PHASES = ("nccl_burst", "allreduce_sweep")  # all_to_all times c10d by design
 SERVED_PHASES = ("macro", "profile", "spec_decode")

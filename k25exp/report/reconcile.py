@@ -36,7 +36,8 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Section, Table, missing
 from k25exp.report.measured import (ONE_RANK, auto_kernel, burst_key, interp_loglog, model_of,
                                     one_rank, timed_us, used_us)
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 MICRO_CATEGORIES = ("comm_allreduce", "comm_allgather", "gemm", "moe")
 # The rows first in every reconciliation; of them the step burst, the GEMMs and the MoE layers

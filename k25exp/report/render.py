@@ -20,7 +20,9 @@ from k25exp.report import provenance
 from k25exp.report.charts import make_plots
 from k25exp.report.figures import Figure, Section
 from k25exp.report.measured import one_rank
-from k25exp.report.sources import PHASES, Campaign, RunView
+from k25exp.report.sources import PHASES, Campaign
+from k25exp.tracking.read import RunView
+from k25exp.tracking.ui_links import run_url
 
 HEADLINE = (M.TPOT, M.COMM_SHARE_BURST, M.COMM_SHARE_TRANSPORT, M.COMM_SHARE_WAIT,
             M.COMM_SHARE_DIFF, M.TPOT_PRED_WORST, M.GEMM_SHARE, M.EP_BREAK_EVEN)
@@ -29,10 +31,6 @@ CAVEATS = ("random weights", "refused:")  # notes that change how every figure r
 
 def headline_notes(sections: Sequence[Section]) -> list[str]:
     return [n for s in sections for n in s.notes if any(k in n for k in CAVEATS)]
-
-
-def run_url(ui_url: str, r: RunView) -> str:
-    return f"{ui_url.rstrip('/')}/#/experiments/{r.experiment_id}/runs/{r.run_id}"
 
 
 def fmt(v: Any, unit: str = "") -> str:

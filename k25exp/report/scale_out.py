@@ -48,7 +48,8 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing
 from k25exp.report.measured import model_of
 from k25exp.report.reconcile import Micro, engine_tpot
-from k25exp.report.sources import Campaign, ReportError, RunView
+from k25exp.report.sources import Campaign, ReportError
+from k25exp.tracking.read import RunView
 
 ASSUMPTIONS = (
     "every rank runs the step the measured rank ran (dummy weights: the router's random "

@@ -1,57 +1,28 @@
-"""The report's inputs: the campaign's runs in MLflow, as plain RunView objects.
+"""The report's inputs: a campaign's phase runs, read through k25exp.tracking.read as RunViews.
 
-This is the only module of k25exp.report that talks to MLflow; the arithmetic (one module
-per section: budget.py, reconcile.py, ...) and the rendering (render.py) take RunViews, so tests can build them from real runs or by
-hand. A campaign is every run tagged `campaign=<id>` (multirun.sh sets it for all phases);
-multirun parents and report runs are not phases.
+The arithmetic (one module per section: budget.py, reconcile.py, ...) and the rendering
+(render.py) take RunViews, so tests can build them from real runs or by hand. A campaign is
+every run tagged `campaign=<id>` (multirun.sh sets it for all phases); multirun parents and
+report runs are not phases.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
-log = logging.getLogger(__name__)
-
 from k25exp.config.campaign import phases
+from k25exp.tracking import read
+from k25exp.tracking.read import RunView
+
+log = logging.getLogger(__name__)
 
 PHASES = tuple(phases(measuring_only=True))  # as the experiment schemas declare them
 
 
 class ReportError(RuntimeError):
     """No campaign to report on, or the store cannot be read."""
-
-
-@dataclass
-class RunView:
-    run_id: str
-    experiment_id: str
-    phase: str
-    status: str  # FINISHED | FAILED | KILLED | RUNNING
-    start_time: int  # ms since the epoch
-    name: str = ""
-    params: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)  # last value of each
-    tags: dict[str, str] = field(default_factory=dict)
-    # name -> {step: value}; filled on demand by `history` (MLflow keeps every step)
-    steps: dict[str, dict[int, float]] = field(default_factory=dict)
-    loader: Optional[Callable[[str, str], dict[int, float]]] = field(default=None, repr=False)
-
-    def history(self, key: str) -> dict[int, float]:
-        if key not in self.steps:
-            self.steps[key] = self.loader(self.run_id, key) if self.loader else {}
-        return self.steps[key]
-
-    def param(self, key: str, cast=str, default=None):
-        v = self.params.get(key)
-        if v is None or v in ("null", "None"):
-            return default
-        return cast(v)
-
-    @property
-    def short(self) -> str:
-        return self.run_id[:8]
 
 
 @dataclass
@@ -102,46 +73,23 @@ class Campaign:
                 f"{r.short}" + (f": {err[-1][:200]}" if err else ""))
 
 
-def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
 def latest_campaign(uri: str) -> str:
     """The campaign tag of the most recently started phase run in the store."""
-    c = _client(uri)
-    ids = [e.experiment_id for e in c.search_experiments()]
+    c = read.client(uri)
+    ids = read.experiment_ids(c)
     if not ids:
         raise ReportError(f"no experiments in the MLflow store {uri}")
-    for r in c.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=500):
-        t = r.data.tags
+    for r in read.recent_runs(c, ids):
         # phase runs only: a report run (of an old campaign, or a mistyped id) decides nothing
-        if t.get("k25exp.role") != "parent" and t.get("campaign") and t.get("k25exp.experiment") in PHASES:
-            return t["campaign"]
+        if not r.is_parent and r.tags.get("campaign") and r.phase in PHASES:
+            return r.tags["campaign"]
     raise ReportError(f"no run in {uri} has a campaign tag: run ./multirun.sh, or set "
                       "K25EXP_CAMPAIGN=<id> for the runs of one campaign")
 
 
 def load_campaign(uri: str, campaign: str) -> Campaign:
     """Every phase run of the campaign (parents and reports left out)."""
-    c = _client(uri)
-    ids = [e.experiment_id for e in c.search_experiments()]
-    found = c.search_runs(ids, filter_string=f"tags.campaign = '{campaign}'", max_results=10000) if ids else []
-
-    def loader(run_id: str, key: str) -> dict[int, float]:
-        return {m.step: m.value for m in sorted(c.get_metric_history(run_id, key),
-                                                 key=lambda m: m.timestamp)}
-
-    runs = []
-    for r in found:
-        tags = r.data.tags
-        phase = tags.get("k25exp.experiment", "")
-        if tags.get("k25exp.role") == "parent" or phase not in PHASES:
-            continue
-        runs.append(RunView(r.info.run_id, r.info.experiment_id, phase, r.info.status,
-                            r.info.start_time or 0, r.info.run_name or "", dict(r.data.params),
-                            dict(r.data.metrics), dict(tags), loader=loader))
+    runs = [r for r in read.campaign_runs(read.client(uri), campaign) if r.phase in PHASES]
     if not runs:
         raise ReportError(f"campaign {campaign!r} has no phase runs in {uri} (phases: "
                           f"{', '.join(PHASES)})")

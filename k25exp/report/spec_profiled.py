@@ -16,9 +16,10 @@ import json
 from typing import Optional
 
 from k25exp.report.figures import Section, Table
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
 from k25exp.report.speculative import method_label
 from k25exp.traces.step_phases import gap_split, schedules_as_baseline
+from k25exp.tracking.read import RunView
 
 PHASE_KEYS = ("phase_cycle_ms", "phase_verify_ms", "phase_sample_ms", "phase_draft_ms",
               "phase_bookkeep_ms", "phase_other_ms", "phase_gap_ms")

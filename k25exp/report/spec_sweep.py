@@ -17,12 +17,13 @@ from typing import Sequence
 
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
 from k25exp.report.spec_profiled import spec_profiled
 from k25exp.report.spec_model import (Point, break_even, fit_step, project, reaches,
                                       speedup_at)
 from k25exp.report.speculative import method_label
 from k25exp.traces.step_phases import ASYNC_KEPT
+from k25exp.tracking.read import RunView
 
 _POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 from k25exp.config.spec_methods import EAGLE3_HEAD
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
 from k25exp.serving.spec_acceptance import expected_tokens  # E(α, k)
 from k25exp.serving.speculative import MODEL_FREE  # no model: drafting costs host time only
+from k25exp.tracking.read import RunView
 
 
 def effective_alpha(mean_accepted: float, k: int) -> float:

@@ -79,7 +79,7 @@ class MlflowParentRun(Callback):
 
     def _children_statuses(self) -> list[str]:
         if hasattr(self.run, "client"):  # MLflow: the store knows every child, any launcher
-            from k25exp.tracking.mlflow_store import child_runs
+            from k25exp.tracking.read import child_runs
 
             return [c.info.status for c in child_runs(self.run.client, self.run.run_id)]
         from k25exp.tracking.offline import RUN_FILE  # offline: the children's run files

@@ -1,4 +1,5 @@
-"""The MLflow edge: runs created and filled through MlflowClient, never the fluent API.
+"""The MLflow edge: runs created and filled through MlflowClient, never the fluent API (runs
+are read back through read.py).
 
 The fluent API keeps a process-global stack of active runs, which leaks between the jobs
 Hydra's basic launcher runs in one process; explicit run ids don't.
@@ -19,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from k25exp.tracking import ui_view
+from k25exp.tracking.read import child_runs
 from k25exp.tracking.sqlite_schema import check_store
 from k25exp.config.store import sqlite_path
 
@@ -181,13 +183,6 @@ def experiment_description(name: str) -> Optional[str]:
     doc = (cls.__doc__ or "") if cls is not None else ""
     # a dataclass without a docstring gets its signature as __doc__: not a description
     return " ".join(doc.split()) if doc and not doc.startswith(cls.__name__ + "(") else None
-
-
-def child_runs(client, parent_run_id: str) -> list:
-    # A sweep over experiment=a,b puts children in several MLflow experiments.
-    ids = [e.experiment_id for e in client.search_experiments()]
-    return client.search_runs(ids, filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_run_id}'",
-                              max_results=10000)
 
 
 class MlflowRun:

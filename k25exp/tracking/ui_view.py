@@ -31,12 +31,13 @@ import json
 from typing import Optional, Sequence
 from urllib.parse import quote, urlencode
 
+from k25exp.tracking.read import EXPERIMENT_TAG
+
 TAG_PREFIX = "mlflow.sharedViewState."
 KEY = "k25exp-headline"
 CAMPAIGN_KEY = "k25exp-campaign"  # the same view, of the latest campaign's runs only
-# Every k25exp job's run has this tag (k25exp.job); a multirun's parent run has not.
-JOB_TAG = "k25exp.experiment"
-FILTER = f"tags.`{JOB_TAG}` != ''"
+# Every k25exp job's run has the tag EXPERIMENT_TAG (k25exp.job); a multirun's parent run has not.
+FILTER = f"tags.`{EXPERIMENT_TAG}` != ''"
 # Column widths, px (MLflow's default is 100 for each; the pinned name column 190)
 WIDTHS = {"attributes": 120, "params": 90, "metrics": 90, "tags": 250}
 

@@ -11,7 +11,8 @@ import pytest
 from k25exp.report import metrics as M
 from k25exp.report import render as report_render
 from k25exp.report.figures import Figure, Section
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 from tests.compare.browser import Chromium, chromium_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(

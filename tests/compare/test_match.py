@@ -6,7 +6,7 @@ import pytest
 
 from k25exp.compare.envdiff import tag_diff
 from k25exp.compare.resolve import CompareError, Side, match
-from k25exp.report.sources import RunView
+from k25exp.tracking.read import RunView
 
 
 def run(rid: str, exp: str, t: int = 0, tags: dict | None = None, **params) -> RunView:

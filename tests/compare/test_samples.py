@@ -106,7 +106,7 @@ def test_fetched_artifacts_keep_their_folders(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from k25exp.compare.resolve import fetch_samples
-    from k25exp.report.sources import RunView
+    from k25exp.tracking.read import RunView
     from tests.conftest import seed_store
 
     seed_store(tmp_path)

@@ -5,7 +5,7 @@ import pytest
 
 from k25exp.compare.resolve import Pair
 from k25exp.compare.table import judge_pair
-from k25exp.report.sources import RunView
+from k25exp.tracking.read import RunView
 
 PAIR = Pair("macro", {}, RunView("a" * 32, "1", "macro", "FINISHED", 0),
             RunView("b" * 32, "1", "macro", "FINISHED", 1))

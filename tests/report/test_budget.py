@@ -8,7 +8,8 @@ from k25exp.report import budget, expert_parallel, speculative
 from k25exp.report import metrics as M
 from k25exp.report.measured import interp_loglog
 from k25exp.report.speculative import effective_alpha, expected_tokens
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 MODEL = {"model.hidden_size": "512", "model.num_hidden_layers": "3", "model.first_k_dense_replace": "1",
          "model.dtype_bytes": "2"}

@@ -7,7 +7,8 @@ import pytest
 
 from k25exp.report import link
 from k25exp.report.metrics import ALLREDUCE_LINK
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 PCIE8 = {"hardware.world_size": "8", "hardware.backend": "nccl", "hardware.link_gbps": "63.0",
          "hardware.interconnect": "pcie", "hardware.link_gbps_source": "nominal: PCIe Gen5 x16 spec"}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from k25exp.report import predict, provenance, reconcile
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
+from k25exp.tracking.read import RunView
 
 TINY = {"model.name": "tiny_kimi", "model.hidden_size": "512", "model.num_hidden_layers": "3",
         "model.first_k_dense_replace": "1", "model.n_routed_experts": "16",

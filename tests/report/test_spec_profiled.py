@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from k25exp.report.figures import Section
-from k25exp.report.sources import Campaign, RunView
+from k25exp.report.sources import Campaign
 from k25exp.report.spec_profiled import spec_profiled
+from k25exp.tracking.read import RunView
 
 SHAPE = {"experiment.input_tokens": "128", "experiment.output_tokens": "64",
          "model.name": "tiny_kimi", "server.tp": "2"}

@@ -90,7 +90,7 @@ def test_summaries_are_results_not_environment():
     """k25exp compare's environment diff leaves them out (they differ run by run)."""
     from k25exp.compare.envdiff import tag_diff
     from k25exp.compare.resolve import Side
-    from k25exp.report.sources import RunView
+    from k25exp.tracking.read import RunView
 
     def side(tpot: str, host: str) -> Side:
         r = RunView("r" + tpot, "1", "macro", "FINISHED", 0, tags={"tpot_ms_p50 per c": tpot, "host": host})

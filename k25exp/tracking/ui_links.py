@@ -4,7 +4,9 @@ MLflow 3.x opens experiments in its GenAI view; the URL parameter
 `workflowType=machine_learning` (read by the UI's experiment pages, and remembered) selects
 the runs table and the run-compare view. The UI routes are hash routes:
 `#/experiments/<id>/runs?...` (with `searchFilter=<MLflow search expression>`) and
-`#/compare-runs?runs=[...]&experiments=[...]` (JSON lists, URL-encoded).
+`#/compare-runs?runs=[...]&experiments=[...]` (JSON lists, URL-encoded); one run's page is
+`#/experiments/<id>/runs/<run id>` (the report and compare link each figure's run there).
+The store is read through read.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import json
 from typing import Optional
 from urllib.parse import quote, urlencode
 
+from k25exp.tracking import read, ui_view
+from k25exp.tracking.read import RunView
+
 ML_VIEW = {"workflowType": "machine_learning"}
+
+
+def run_url(ui_url: str, r: RunView) -> str:
+    return f"{ui_url.rstrip('/')}/#/experiments/{r.experiment_id}/runs/{r.run_id}"
 
 
 def runs_url(base: str, experiment_id: str, search: Optional[str] = None) -> str:
@@ -34,12 +43,9 @@ def ui_links(uri: str, base: str, write_views: bool = False) -> list[str]:
     (k25exp.tracking.ui_view; a store written by an older one gets the current columns) and
     write each experiment's view of the latest campaign, so its link lands on the campaign's
     figures too (a URL's own searchFilter would make MLflow ignore a saved view)."""
-    from mlflow.tracking import MlflowClient
+    from k25exp.tracking.mlflow_store import MlflowStore  # imports mlflow: only when called
 
-    from k25exp.tracking import ui_view
-    from k25exp.tracking.mlflow_store import MlflowStore, child_runs
-
-    c = MlflowStore(uri).client if write_views else MlflowClient(tracking_uri=uri)
+    c = MlflowStore(uri).client if write_views else read.client(uri)
     exps = c.search_experiments()
     if not exps:
         return [f"no experiments in {uri} yet"]
@@ -54,26 +60,25 @@ def ui_links(uri: str, base: str, write_views: bool = False) -> list[str]:
     lines += [f"  {e.name:<28} " + (ui_view.view_url(base, e.experiment_id)
                                    if ui_view.TAG_PREFIX + ui_view.KEY in e.tags else runs_url(base, e.experiment_id))
               for e in exps]
-    ids = [e.experiment_id for e in exps]
-    recent = c.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=500)
-    campaign = next((r.data.tags["campaign"] for r in recent if r.data.tags.get("campaign")), None)
+    recent = read.recent_runs(c, [e.experiment_id for e in exps])
+    campaign = next((r.tags["campaign"] for r in recent if r.tags.get("campaign")), None)
     if campaign:
-        in_it = [r for r in recent if r.data.tags.get("campaign") == campaign]
+        in_it = [r for r in recent if r.tags.get("campaign") == campaign]
         lines.append(f"latest campaign {campaign} ({len(in_it)} runs):")
-        for eid in sorted({r.info.experiment_id for r in in_it}):
+        for eid in sorted({r.experiment_id for r in in_it}):
             e = next(e for e in exps if e.experiment_id == eid)
             if write_views and ui_view.install_campaign(c, eid, e.name, campaign, e.tags):
                 link = ui_view.view_url(base, eid, ui_view.CAMPAIGN_KEY)
             else:
                 link = runs_url(base, eid, f"tags.campaign = {chr(39)}{campaign}{chr(39)}")
             lines.append(f"  {e.name:<28} {link}")
-        lines.append(f"  compare all: {compare_url(base, [r.info.run_id for r in in_it], [r.info.experiment_id for r in in_it])}")
-    parents = [r for r in recent if r.data.tags.get("k25exp.role") == "parent"][:20]
+        lines.append(f"  compare all: {compare_url(base, [r.run_id for r in in_it], [r.experiment_id for r in in_it])}")
+    parents = [r for r in recent if r.is_parent][:20]
     if parents:
         lines.append("sweeps (compare view of each sweep's children):")
     for p in parents:
-        kids = child_runs(c, p.info.run_id)
+        kids = read.children(c, p.run_id)
         if len(kids) > 1:  # a compare view of one run shows nothing to compare
-            lines.append(f"  {p.info.run_name or p.info.run_id[:8]} ({len(kids)} runs): "
-                         + compare_url(base, [k.info.run_id for k in kids], [k.info.experiment_id for k in kids]))
+            lines.append(f"  {p.name or p.short} ({len(kids)} runs): "
+                         + compare_url(base, [k.run_id for k in kids], [k.experiment_id for k in kids]))
     return lines
