@@ -138,7 +138,7 @@ def run_k25exp(a, cfg, c: int, seed: int, folder: Path) -> dict:
     rec = MemoryRecorder()
     with gpu_telemetry(run_cfg, folder, rec):
         macro.run(run_cfg, folder, rec)
-    step = macro.step_of(exp, c)
+    step = exp.step_of(c)
     got = {k: rec.latest(k).get(step) for k in K25_KEYS}
     got.update({k: rec.tags.get(k) for k in ("prefix_cache", "macro.client", *TELEMETRY_TAGS)})
     got["ok"] = bool(got["completed"]) and not got["errors"]

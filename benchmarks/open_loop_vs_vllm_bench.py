@@ -117,7 +117,7 @@ def main() -> None:
                                   client_processes=procs, **load)
                     rec = MemoryRecorder()
                     macro.run(replace(cfg, experiment=exp), a.out / f"k25_{level:g}_{rep}_{procs}", rec)
-                    step = macro.step_of(exp, level)
+                    step = exp.step_of(level)
                     ours = {k: rec.latest(k).get(step) for k in OURS}
                     rows.append((level, rep, f"k25exp P={ours['client_processes'] or 1:.0f}", ours))
                 conn = server.running()[0]

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if a.sample_ms > 0:
             threading.Thread(target=watch, daemon=True).start()
-        step = macro.step_of(exp, a.concurrency)
+        step = exp.step_of(a.concurrency)
         levels: list[dict] = []
         try:
             for j in range(a.levels):  # one server start: the registry reuses it (same key)

@@ -2,66 +2,38 @@
 
 Each (shape, kernel, M) is first checked against an fp32 reference (the original weight for
 unquantized kernels, the dequantized one for W4A16 kernels); only kernels that pass are
-timed. Figures per (shape, kernel) are MLflow metrics `<shape>.tp<N>/<kernel>/<figure>` with
-step = M:
-  latency_us (median), latency_us_p90, tflops = 2·M·N·K / t, gbps = bytes the kernel must
-  move (weights as the kernel stores them + activations + output) / t, roofline_pct =
-  the time the hardware config's memory bandwidth or peak rate allows (whichever bounds)
-  / t × 100, speedup_vs_bf16 = baseline latency / latency, max_rel_err vs the reference.
-roofline_pct divides by constants the run does not measure (hardware.mem_bandwidth_gbps,
-peak_bf16_tflops: nominal unless their *_source says measured); the tags
-roofline.mem_bandwidth_gbps / roofline.peak_bf16_tflops and the results caption name them
-with their source (k25exp.nominal).
+timed, their figures logged as MLflow metrics `<shape>.tp<N>/<kernel>/<figure>` with step = M;
+then one MoE layer's routed experts per candidate, step = its tokens.
 
-Long because the dense GEMMs and the MoE layer share the correctness gate, the timing
-method tags and the samples file of one run.
+Here: the shapes and kernels, the correctness gate and the timing. The figures' definitions
+(latency, tflops, gbps, roofline_pct ...), the samples file and timing tags, the tables,
+plots and recovery: gemm_results.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import orjson
+from typing import Any, Callable
 
 import torch
 
-from k25exp import nominal, plots, tables, vllm_kernels
+from k25exp import vllm_kernels
 from k25exp.config.experiments import GemmConfig
 from k25exp.config.schema import K25Config
 from k25exp.gemm import moe
 from k25exp.gemm.kernels import KernelUnavailable, check_correct
-from k25exp.gemm.quant import dequantize, packed_bytes, quantize_w4a16, random_weight
+from k25exp.gemm.quant import dequantize, quantize_w4a16, random_weight
 from k25exp.gemm.shapes import (GemmShape, expert_m, expert_tokens, model_gemm_shapes,
                                  routed_expert_dims)
 from k25exp.gemm.timing import Timing, l2_bytes, rotation, time_cuda_instream, time_fn
 from k25exp.model import routing
+from k25exp.runners.gemm_results import (Row, Samples, figures, moe_expert_bytes_w4a16, plot,
+                                         roofline_tags, timed_row, write_regime, write_tables)
 from k25exp.tracking.recorder import Recorder
-from k25exp.stats import min_samples
 
 
 class GemmFailed(RuntimeError):
     """Some kernel produced a wrong result; everything else was measured and logged."""
-
-
-@dataclass
-class Row:
-    shape: str
-    n: int
-    k: int
-    kernel: str
-    m: int
-    status: str  # ok | failed | skipped
-    latency_us: Optional[float] = None
-    latency_us_p90: Optional[float] = None
-    tflops: Optional[float] = None
-    gbps: Optional[float] = None
-    roofline_pct: Optional[float] = None
-    speedup_vs_bf16: Optional[float] = None
-    max_rel_err: Optional[float] = None
-    note: str = ""
-    latency_us_instream: Optional[float] = None  # in one graph over rotating copies (CUDA)
 
 
 def shapes_to_run(cfg: K25Config) -> list[tuple[str, GemmShape]]:
@@ -88,20 +60,6 @@ def m_sweep(cfg: K25Config) -> tuple[list[int], list[list[Any]]]:
     return (ms[: exp.limit_points] if exp.limit_points else ms), regime
 
 
-def _bound_us(nbytes: float, flops: float, cfg: K25Config) -> float:
-    hw = cfg.hardware
-    return max(nbytes / (hw.mem_bandwidth_gbps * 1e9), flops / (hw.peak_bf16_tflops * 1e12)) * 1e6
-
-
-ROOFLINE = ("mem_bandwidth_gbps", "peak_bf16_tflops")  # what roofline_pct divides by
-
-
-def roofline_tags(hw) -> dict[str, str]:
-    """What roofline_pct divides by, each constant with where it comes from."""
-    return {f"roofline.{x}": nominal.describe(x, getattr(hw, x), getattr(hw, f"{x}_source"))
-            for x in ROOFLINE}
-
-
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: GemmConfig = cfg.experiment
     device = torch.device("cuda", 0) if exp.device == "cuda" else torch.device("cpu")
@@ -112,40 +70,14 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     uncap = vllm_kernels.cap(isa) if isa else (lambda: None)  # before vLLM loads its kernels
     ms, regime = m_sweep(cfg)
     rec.set_tags(roofline_tags(cfg.hardware))
-    tables.write(out / "moe_regime", [tables.Column("concurrency", "{}"),
-                                       tables.Column("tokens/expert", "{:.3f}", 14),
-                                       tables.Column("M", "{}", 6), tables.Column("experts", "{}", 9)],
-                 regime, f"{cfg.model.name}: top-{cfg.model.num_experts_per_tok} of "
-                         f"{cfg.model.n_routed_experts} experts, uniform routing")
+    write_regime(out, cfg, regime)
     names = [exp.baseline] + [k for k in exp.kernels if k != exp.baseline]
     kernels = {n: _kernel(exp.registry[n], f"experiment.registry.{n}") for n in names}
     rows: list[Row] = []
     failures: list[str] = []
-    method: Optional[dict] = None  # how the first figure was timed (the run's timing.* tags)
-    instream_tagged = False  # the in-stream figures' method is tagged once (timing.instream.*)
     gen = torch.Generator().manual_seed(exp.seed)
-    # every call's time, per figure: what `k25exp compare` tests two runs' medians with
-    samples = open(out / "samples.jsonl", "ab")
-
-    def keep(prefix: str, step: int, t, figure: str = "latency_us") -> None:
-        """A figure's samples into samples.jsonl; how it was timed into the run's tags: the
-        first figure's method as timing.*, any figure timed otherwise (the MoE reference is
-        never graphed: its loop depends on the routing) as timing.<figure>.*; the in-stream
-        figures' method as timing.instream.* (the first one's)."""
-        nonlocal method, instream_tagged
-        samples.write(orjson.dumps({"figure": f"{prefix}/{figure}", "step": step,
-                                    "samples_us": t.samples_us}) + b"\n")
-        m = {k: str(v) for k, v in t.method.items() if k != "device"}
-        if figure == "latency_us_instream":
-            if not instream_tagged:
-                instream_tagged = True
-                rec.set_tags({f"timing.instream.{k}": v for k, v in m.items() if k != "calls_per_graph"})
-            return
-        if method is None:
-            method = m
-            rec.set_tags({f"timing.{k}": v for k, v in m.items()})
-        elif m != method:
-            rec.set_tags({f"timing.{prefix}.{k}": v for k, v in m.items() if method.get(k) != v})
+    samples = Samples(out, rec)
+    keep = samples.keep
     try:
         for si, (label, shape) in enumerate(shapes_to_run(cfg)):
             w = random_weight(shape.n, shape.k, seed=exp.seed + si, device=device)
@@ -183,27 +115,25 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     t = time_fn(fn, x, device, warmup=exp.warmup, calls=exp.calls,
                                 flush_l2=exp.flush_l2, graph=exp.graph, warmup_ms=exp.warmup_ms)
                     keep(f"{label}/{name}", m, t)
-                    lat = t.median_us
                     nbytes = kernel.weight_bytes(shape.n, shape.k) + 2 * m * (shape.k + shape.n)
                     flops = 2 * m * shape.n * shape.k
                     if name == exp.baseline:
-                        base[m] = lat
-                    r = Row(label, shape.n, shape.k, name, m, "ok", lat, _p90(t), flops / lat / 1e6,
-                            nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100,
-                            base[m] / lat if m in base else None, err, note=ran)
+                        base[m] = t.median_us
+                    r = timed_row(cfg, label, shape.n, shape.k, name, m, t, nbytes, flops,
+                                  base.get(m), err, note=ran)
                     if device.type == "cuda" and exp.instream:
                         ti = _dense_instream(kernel, w, qw, x, exp, device)
                         keep(f"{label}/{name}", m, ti, "latency_us_instream")
                         r.latency_us_instream = ti.median_us
                     rows.append(r)
-                    rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}, step=m)
-            _plot(out, label, shape, rows)
+                    rec.log_metrics({f"{label}/{name}/{k}": v for k, v in figures(r).items()}, step=m)
+            plot(out, label, shape, rows)
         rows += _moe_layer(cfg, device, rec, failures, keep)
     finally:
         samples.close()
         torch.set_num_threads(threads_before)
         uncap()
-        _write_tables(out, rows, cfg)
+        write_tables(out, rows, cfg)
         if device.type == "cpu" and (found := vllm_kernels.builds()):
             rec.set_tags({"vllm.cpu_isa": vllm_kernels.describe(found)})
     summary = {"kernels_failed": float(len({f.split(' ')[0] for f in failures}))}
@@ -276,21 +206,19 @@ def _moe_layer(cfg: K25Config, device: torch.device, rec: Recorder, failures: li
                         graph=exp.graph and name != "reference_grouped_moe",  # data-dependent loop
                         warmup_ms=exp.warmup_ms)
             keep(f"{label}/{name}", c, t)
-            lat = t.median_us
             # weights of the distinct experts the routing touches, as this kernel stores them
             per_expert = (moe_expert_bytes_w4a16(inter, m.hidden_size, group)
                           if p.quantized else 3 * inter * m.hidden_size * 2)
             nbytes = touched * per_expert + 2 * 2 * c * m.hidden_size
             flops = 2 * c * m.num_experts_per_tok * 3 * inter * m.hidden_size
-            r = Row(label, 2 * inter, m.hidden_size, name, c, "ok", lat, _p90(t), flops / lat / 1e6,
-                    nbytes / lat / 1e3, _bound_us(nbytes, flops, cfg) / lat * 100, None, err,
-                    note=p.note)
+            r = timed_row(cfg, label, 2 * inter, m.hidden_size, name, c, t, nbytes, flops, None,
+                          err, note=p.note)
             if device.type == "cuda" and exp.instream and name != "reference_grouped_moe":
                 ti_ = _moe_instream(p.run, x, c, m, exp, device, how)
                 keep(f"{label}/{name}", c, ti_, "latency_us_instream")
                 r.latency_us_instream = ti_.median_us
             rows.append(r)
-            rec.log_metrics({f"{label}/{name}/{k}": v for k, v in _figures(r).items()}
+            rec.log_metrics({f"{label}/{name}/{k}": v for k, v in figures(r).items()}
                             | {f"{label}/{name}/experts_touched": touched}, step=c)
     return rows
 
@@ -339,65 +267,6 @@ def _moe_instream(run_fn, x: torch.Tensor, c: int, m, exp: GemmConfig, device: t
     return t
 
 
-def moe_expert_bytes_w4a16(inter: int, hidden: int, group_size: int) -> int:
-    """One expert's gate_up [2I x H] + down [H x I] as INT4 codes + bf16 group scales."""
-    return packed_bytes(2 * inter, hidden, group_size) + packed_bytes(hidden, inter, group_size)
-
-
-def _figures(r: Row) -> dict[str, float]:
-    keys = ("latency_us", "latency_us_p90", "tflops", "gbps", "roofline_pct", "speedup_vs_bf16",
-            "max_rel_err", "latency_us_instream")
-    return {k: getattr(r, k) for k in keys if getattr(r, k) is not None}
-
-
-COLUMNS = [
-    tables.Column("shape", "{}", 24), tables.Column("N", "{}", 7), tables.Column("K", "{}", 7),
-    tables.Column("kernel", "{}", 17), tables.Column("M", "{}", 5), tables.Column("status", "{}", 8),
-    tables.Column("lat(us)", "{:.2f}", 11), tables.Column("p90(us)", "{:.2f}", 11),
-    tables.Column("instream(us)", "{:.2f}", 13),
-    tables.Column("TFLOP/s", "{:.3f}", 10), tables.Column("GB/s", "{:.1f}", 9),
-    tables.Column("roofline%", "{:.1f}", 10), tables.Column("vs_bf16", "{:.2f}", 8),
-    tables.Column("max_rel_err", "{:.2e}", 12),
-]
-
-
-def _write_tables(out: Path, rows: list[Row], cfg: K25Config) -> None:
-    exp, hw = cfg.experiment, cfg.hardware
-    data = [[r.shape, r.n, r.k, r.kernel, r.m, r.status, r.latency_us, r.latency_us_p90,
-             r.latency_us_instream, r.tflops,
-             r.gbps, r.roofline_pct, r.speedup_vs_bf16, r.max_rel_err] for r in rows]
-    text = tables.write(out / "results", COLUMNS, data,
-                        f"gemm: {cfg.model.name} on {cfg.hardware.name} ({exp.device}); lat: median of "
-                        f"{exp.calls} calls, each alone, after {exp.warmup} warm-up; instream (CUDA): "
-                        f"median over {exp.calls} replays of >= {exp.instream_calls} calls back to back "
-                        "in one CUDA graph over rotating weight copies > 2x L2, per call; roofline vs "
-                        + " and ".join(f"{nominal.kind(getattr(hw, x + '_source'))} "
-                                       f"{nominal.describe(x, getattr(hw, x), getattr(hw, x + '_source'))}"
-                                       for x in ROOFLINE))
-    notes = sorted({f"{r.kernel} on {r.shape}: {r.status}: {r.note}" for r in rows if r.note})
-    if notes:
-        (out / "notes.txt").write_text("\n".join(notes) + "\n")
-    print(text + ("\n".join(notes) + "\n" if notes else ""), flush=True)
-
-
-def _plot(out: Path, label: str, shape: GemmShape, rows: list[Row]) -> None:
-    mine = [r for r in rows if r.shape == label and r.status == "ok"]
-    if not mine:
-        return
-    ms = sorted({r.m for r in mine})
-    by_kernel = {}
-    for r in mine:
-        by_kernel.setdefault(r.kernel, {})[r.m] = r
-    safe = label.replace(".", "_")
-    title = f"{label} [{shape.n} × {shape.k}]"
-    plots.sweep(out / "plots" / f"latency_{safe}.png", ms,
-                {k: [v[m].latency_us if m in v else None for m in ms] for k, v in by_kernel.items()},
-                "M (tokens)", "latency (µs, median)", title, logy=True)
-    plots.sweep(out / "plots" / f"speedup_{safe}.png", ms,
-                {k: [v[m].speedup_vs_bf16 if m in v else None for m in ms] for k, v in by_kernel.items()},
-                "M (tokens)", "speedup vs bf16 (×)", title)
-
-
 def _kernel(spec: dict, key: str):
     """A kernel candidate from its registry entry (`_target_` + arguments), via Hydra."""
     from hydra.errors import InstantiationException
@@ -407,30 +276,3 @@ def _kernel(spec: dict, key: str):
         return instantiate(spec)
     except InstantiationException as e:
         raise ValueError(f"{key}: cannot build kernel from {dict(spec)}: {e}") from None
-
-
-def _p90(t) -> Optional[float]:
-    """p90 of the timed calls, when there are enough of them to mean one (stats.min_samples)."""
-    return t.p90_us if len(t.samples_us) >= min_samples(90) else None
-
-
-def recover(out: Path, rec: Recorder) -> str:
-    """A killed job's figures (`k25exp recover`): each (shape, kernel, M) timed before the job
-    died, from samples.jsonl (written as each figure is timed): its median and p90, as the
-    runner defines them. What needs the shape, the model or the baseline's point (tflops,
-    gbps, roofline, speedup) is left out."""
-    path = out / "samples.jsonl"
-    if not path.exists():
-        return "nothing: no samples.jsonl"
-    from k25exp.collectives.results import read_jsonl  # up to the line torn by the kill
-
-    n = 0
-    for r in read_jsonl(path):
-        t = Timing(r["samples_us"])
-        m = {r["figure"]: t.median_us}
-        if (p90 := _p90(t)) is not None:
-            m[r["figure"] + "_p90"] = p90
-        rec.log_metrics(m, step=r["step"])
-        n += 1
-    return (f"gemm: {n} timed figure(s) from samples.jsonl (median, p90 of the kept calls); no "
-            "tflops, gbps, roofline or speedup")

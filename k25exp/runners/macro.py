@@ -34,9 +34,8 @@ from pathlib import Path
 import httpx
 
 from k25exp.config.experiments import MacroConfig
-from k25exp.config.experiments.serving import level_requests
 from k25exp.config.schema import K25Config
-from k25exp.runners.macro_phases import Phases, completed, max_in_flight
+from k25exp.runners.macro_phases import Phases, completed
 from k25exp.runners.macro_results import finish, row
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.load import loops, repeats
@@ -110,25 +109,6 @@ def _level_metric(key: str) -> bool:
                 ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))))
 
 
-def requests_for(exp: MacroConfig, c: float) -> int:
-    """Requests at a level: experiment.requests, else `rounds` rounds of the closed loop's
-    workers, or `rounds` seconds of the open loop's arrivals; at least min_requests."""
-    if exp.requests is not None:
-        return exp.requests
-    return level_requests(exp.rounds, c, exp.min_requests)
-
-
-def sweep_levels(exp: MacroConfig) -> list:
-    """The sweep's levels: concurrencies (closed loop) or request rates (open loop)."""
-    levels = exp.request_rate if exp.load == "open" else exp.concurrency
-    return list(levels[:exp.limit_points])
-
-
-def step_of(exp: MacroConfig, level: float) -> int:
-    """The MLflow step a level's figures go to: its concurrency, or its rate × 1000."""
-    return int(round(level * 1000)) if exp.load == "open" else int(level)
-
-
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     t = time.perf_counter()
@@ -173,7 +153,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     # Closed on every path (an unexpected error included): what was measured stays readable.
     with open(out / "requests.jsonl", "wb") as jsonl:
         client_kw = dict(base_url=conn.base_url, model=conn.model, api_key=conn.api_key,
-                         timeout_s=exp.request_timeout_s, max_connections=max_in_flight(exp) + 4,
+                         timeout_s=exp.request_timeout_s, max_connections=exp.max_in_flight() + 4,
                          continuous_usage=exp.continuous_usage, temperature=exp.temperature,
                          seed=exp.seed if exp.request_seed else None)
         async with CompletionClient(**client_kw) as client:
@@ -187,7 +167,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     _check_alive(conn, "warm-up")
                 if exp.single_stream_requests:
                     summary.update(await _single_stream(ph, rec, cache))
-                for c in sweep_levels(exp):
+                for c in exp.sweep_levels():
                     try:
                         figs = await _level(ph, c, rec, cache, measured_before=len(measured))
                     except (ServerDied, ServerError):
@@ -211,7 +191,7 @@ def _prompts(cfg: K25Config, conn: Connection):
     prompt = PromptBuilder(tok, exp.input_tokens, exp.seed, exp.prefix_tokens, exp.prefix_groups)
     if exp.duration_s is None:
         prompt.many(range(max([exp.single_stream_requests] +
-                              [requests_for(exp, c) * exp.repeats for c in sweep_levels(exp)])))
+                              [exp.requests_for(c) * exp.repeats for c in exp.sweep_levels()])))
         prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
     return prompt, tok_path
 
@@ -250,7 +230,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
     before = await admin.scrape(http, conn.model)
-    n = None if exp.duration_s else requests_for(exp, c)
+    n = None if exp.duration_s else exp.requests_for(c)
     rate = c if exp.load == "open" else None
     reps = []
     for r in range(exp.repeats):
@@ -269,7 +249,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     if not conn.alive():
         figs = ph.figures(res, {})
         rec.log_metrics({"errors": figs["errors"], "completed": figs["completed"]},
-                        step=step_of(exp, c))
+                        step=exp.step_of(c))
         raise ServerDied(f"vLLM died during level {lvl} ({figs['completed']} of {figs['requests']} "
                          f"requests completed; {measured_before} level(s) measured before it); "
                          f"last lines of its log:\n{conn.log_tail()}")
@@ -287,7 +267,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     if not figs["valid"]:
         log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level c={c}", figs,
                                      exp.max_client_lag_ms))
-    rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=step_of(exp, c))
+    rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=exp.step_of(c))
     return figs
 
 
@@ -305,13 +285,13 @@ def _client_tag(exp: MacroConfig, client: CompletionClient) -> str:
 
 def _load_tag(exp: MacroConfig) -> str:
     if exp.load == "open":
-        cap = f", at most {max_in_flight(exp)} in flight" + (
+        cap = f", at most {exp.max_in_flight()} in flight" + (
             "" if exp.max_concurrency else " (the client's cap; max_concurrency unset)")
         return (f"open loop: gamma arrivals (burstiness {exp.burstiness:g}; 1 = Poisson) at "
-                f"{sweep_levels(exp)} req/s{cap}; latencies also from the scheduled send; "
+                f"{exp.sweep_levels()} req/s{cap}; latencies also from the scheduled send; "
                 "step = rate x 1000")
     ramp = f", workers started over {exp.ramp_s:g} s" if exp.ramp_s else ", all workers at once"
-    return f"closed loop: {sweep_levels(exp)} workers{ramp}; step = concurrency"
+    return f"closed loop: {exp.sweep_levels()} workers{ramp}; step = concurrency"
 
 
 def _prefix_cache_tag(exp: MacroConfig, cache: dict) -> str:

@@ -30,19 +30,6 @@ from k25exp.load.stalls import StallRule
 log = logging.getLogger(__name__)
 
 
-OPEN_LOOP_CAP = 256  # requests in flight when experiment.max_concurrency is unset: a socket each
-
-
-def max_in_flight(exp: MacroConfig) -> int:
-    """The most requests a phase has in flight: the closed loop's largest concurrency, or the
-    open loop's cap (experiment.max_concurrency, else OPEN_LOOP_CAP). The client's connection
-    pool is sized above it, so no request waits inside the HTTP library, where the wait would
-    land in its TTFT."""
-    if exp.load == "open":
-        return exp.max_concurrency or OPEN_LOOP_CAP
-    return max(exp.concurrency)
-
-
 def completed(res: dict) -> int:
     """Requests of a phase that completed."""
     return sum(1 for r in res["records"] if r["ok"])
@@ -73,10 +60,10 @@ class Phases:
         rule), never more than the phase has streams (closed) or requests (open)."""
         exp = self.exp
         # every process needs a stream (closed) or a slot of the cap and a request (open)
-        most = c if rate is None else min(n or max_in_flight(exp), max_in_flight(exp))
+        most = c if rate is None else min(n or exp.max_in_flight(), exp.max_in_flight())
         if exp.client_processes:
             return max(1, min(exp.client_processes, most))
-        return min(most, auto_processes(c if rate is None else max_in_flight(exp),
+        return min(most, auto_processes(c if rate is None else exp.max_in_flight(),
                                         self.single_tpot_s, rate, exp.output_tokens))
 
     def dead(self) -> bool:
@@ -112,7 +99,7 @@ class Phases:
         # transformers leaves behind stalls the event loop for 0.2-1 s (seen as client lag);
         # reference counting frees the level's garbage, the rest goes after.
         if P == 1:  # a lane per stream before the clock starts (~0.13 ms each to build)
-            self.client.prepare(c if rate is None else min(len(due), max_in_flight(exp)))
+            self.client.prepare(c if rate is None else min(len(due), exp.max_in_flight()))
         gc.disable()
         try:
             if P > 1:
@@ -121,7 +108,7 @@ class Phases:
             elif rate is not None:
                 res = await run_open_level(self.client, nth_prompt, phase=name, level=level,
                                            due_s=due, max_tokens=exp.output_tokens, t0=self.t0,
-                                           max_concurrency=max_in_flight(exp),
+                                           max_concurrency=exp.max_in_flight(),
                                            input_tokens=exp.input_tokens, on_record=on_record,
                                            should_stop=self.dead)
             else:
@@ -155,7 +142,7 @@ class Phases:
                       should_stop=self.dead, processes=P)
         if due is not None:
             return await self.pool.run_open(prompts, due_s=due,
-                                            max_concurrency=max_in_flight(exp), **common)
+                                            max_concurrency=exp.max_in_flight(), **common)
         return await self.pool.run_closed(prompts, concurrency=c, n_requests=n,
                                           duration_s=duration,
                                           ramp_s=exp.ramp_s if name == "sweep" else 0.0, **common)

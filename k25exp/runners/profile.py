@@ -29,7 +29,6 @@ import httpx
 import orjson
 
 from k25exp.config.experiments import ProfileConfig, TraceBreakdownConfig
-from k25exp.config.experiments.serving import level_requests
 from k25exp.collectives.step import decode_step_ops
 from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
@@ -233,8 +232,7 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path
             if exp.reference_rounds:
                 plain = await run_level(client, lambda i: prompt(2_000_000 + i),
                                         phase="unprofiled", level=exp.concurrency,
-                                        n_requests=level_requests(exp.reference_rounds,
-                                                                  exp.concurrency), **common)
+                                        n_requests=exp.reference_requests(), **common)
             http = client.http
             since = time.time() - 1.0  # file mtimes have coarse resolution on some filesystems
             await _post(http, "/start_profile", 60.0)

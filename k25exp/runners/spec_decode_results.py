@@ -19,7 +19,6 @@ from typing import Optional
 
 from k25exp import tables
 from k25exp.config.experiments import SpecDecodeConfig
-from k25exp.runners import macro
 from k25exp.stats import bootstrap_ci
 from k25exp.tracking.recorder import Capture, Recorder
 
@@ -53,7 +52,7 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
               rec: Recorder) -> dict[str, float]:
     """points.csv (every server, α, round and level), results.txt/.csv and the per-point
     metrics (step = concurrency); returns the summary figures (round 1's spec_speedup)."""
-    shown = {macro.step_of(exp, lv): lv for lv in macro.sweep_levels(exp)}  # step: level
+    shown = {exp.step_of(lv): lv for lv in exp.sweep_levels()}  # step: level
     levels = list(shown)
     with open(out / "points.csv", "w", newline="") as f:
         w = csv.writer(f)

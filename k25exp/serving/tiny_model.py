@@ -35,7 +35,7 @@ from pathlib import Path
 from k25exp.config.schema import ModelConfig
 from k25exp.model import weight_bytes
 from k25exp.model.quant_config import quantization_config
-from k25exp.model.tp_rank import rank_model
+from k25exp.model.tp_rank import rank_model, rank_of
 from k25exp.serving.staged import staged_folder
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,19 @@ SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>"]  # ids 0, 1, 2
 INIT_STD = 0.02
 
 
-def hf_config(m: ModelConfig) -> dict:
+def _served(m: ModelConfig) -> ModelConfig:
+    """`m`, checked to be the model as one device serves it: the functions below take
+    `rank_model(model)`, derived once by generate and model_dir, the entry points."""
+    if rank_of(m) is not None:
+        raise ValueError(f"model {m.name!r} has model.tp_rank_of={m.tp_rank_of}: expected the "
+                         "model one device serves, rank_model(model) (tp_rank_of null)")
+    return m
+
+
+def hf_config(served: ModelConfig) -> dict:
     """The checkpoint's config.json (DeepseekV3 field names, as Kimi-K2's own config uses), for
-    the model as one device serves it (one rank's shapes with model.tp_rank_of)."""
-    m = rank_model(m)
+    the model as one device serves it (`rank_model(m)`: one rank's shapes with model.tp_rank_of)."""
+    m = _served(served)
     cfg = {
         "architectures": [m.architecture],
         "model_type": "deepseek_v3",
@@ -99,13 +108,16 @@ def hf_config(m: ModelConfig) -> dict:
     return cfg
 
 
-def model_hash(m: ModelConfig, seed: int) -> str:
-    key = {"config": hf_config(m), "seed": seed, "generator": GENERATOR_VERSION}
+def model_hash(served: ModelConfig, seed: int) -> str:
+    """The hash of the served model's config.json and the seed (`served`: rank_model(m))."""
+    key = {"config": hf_config(served), "seed": seed, "generator": GENERATOR_VERSION}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def model_dir(m: ModelConfig, seed: int, cache_dir: Path) -> Path:
-    return Path(cache_dir) / f"{rank_model(m).name}-{model_hash(m, seed)}"
+    """The cached folder of model `m` (the whole model's config) and seed."""
+    served = rank_model(m)
+    return Path(cache_dir) / f"{served.name}-{model_hash(served, seed)}"
 
 
 def has_weights(m: ModelConfig) -> bool:
@@ -114,9 +126,10 @@ def has_weights(m: ModelConfig) -> bool:
     return not weight_bytes.quantized(m)
 
 
-def weight_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the checkpoint, by the names DeepSeek-V3 / Kimi-K2 checkpoints use."""
-    m = rank_model(m)
+def weight_shapes(served: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the checkpoint, by the names DeepSeek-V3 / Kimi-K2 checkpoints use
+    (`served`: rank_model(m))."""
+    m = _served(served)
     h, heads = m.hidden_size, m.num_attention_heads
     qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
     s: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (m.vocab_size, h)}
@@ -153,13 +166,14 @@ def weight_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def make_weights(m: ModelConfig, seed: int) -> dict:
+def make_weights(served: ModelConfig, seed: int) -> dict:
+    """The checkpoint's tensors, drawn from `seed` (`served`: rank_model(m))."""
     import torch
 
-    dtype = getattr(torch, m.dtype)
+    dtype = getattr(torch, served.dtype)
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape in weight_shapes(m).items():
+    for name, shape in weight_shapes(served).items():
         if name.endswith("e_score_correction_bias"):
             # Non-zero so the correction actually changes which experts win; fp32 as in Kimi-K2.
             out[name] = torch.randn(shape, generator=g) * 0.01
@@ -224,28 +238,28 @@ def is_complete(folder: Path) -> bool:
 def generate(m: ModelConfig, seed: int, out: Path) -> Path:
     """Writes config.json, the tokenizer and, for a bf16 model, the weights into `out`
     (replacing it). Returns `out`."""
-    served = rank_model(m)
+    served = rank_model(m)  # what every file below describes
     out = Path(out)
     with staged_folder(out) as tmp:
-        cfg = hf_config(m)
+        cfg = hf_config(served)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}, indent=2) + "\n")
         if has_weights(m):
             from safetensors.torch import save_file
 
-            weights = make_weights(m, seed)
+            weights = make_weights(served, seed)
             save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             params = sum(t.numel() for t in weights.values())
         else:
-            params = sum(math.prod(s) for s in weight_shapes(m).values())
+            params = sum(math.prod(s) for s in weight_shapes(served).values())
         # the served vocabulary: the tokenizer never emits an id the model lacks (Kimi's rank:
         # 20,480; the corpus saturates at ~17k tokens, vLLM detokenizes the rest as nothing)
         write_tokenizer(tmp, served.vocab_size, seed)
         est = weight_bytes.estimate(m)
         (tmp / MANIFEST).write_text(json.dumps(
             {"model": asdict(m), "served_model": asdict(served), "seed": seed,
-             "hash": model_hash(m, seed), "generator": GENERATOR_VERSION, "parameters": params,
+             "hash": model_hash(served, seed), "generator": GENERATOR_VERSION, "parameters": params,
              "weights": "model.safetensors" if has_weights(m)
              else "none: serve with server.load_format=dummy (vLLM's random weights)",
              "weight_bytes": est}, indent=2, default=str) + "\n")

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from k25exp.config.spec_methods import EAGLE3_HEAD
 from k25exp.config.validate import to_typed
+from k25exp.model.tp_rank import rank_model
 from k25exp.serving import draft_head, tiny_model
 from k25exp.serving.speculative import speculative_config
 from tests.conftest import compose_cfg
@@ -70,7 +71,7 @@ def test_the_head_is_sized_from_the_tiny_models_config():
 
 def test_the_kimi_rank_gets_an_unquantized_head_with_vllms_default_layers():
     m = _model("model=kimi_k25_int4", "model.tp_rank_of=8")
-    target = tiny_model.hf_config(m)
+    target = tiny_model.hf_config(rank_model(m))  # the config.json of the rank's folder
     cfg = draft_head.head_config(target)
     assert "quantization_config" in target and "quantization_config" not in cfg
     assert cfg["hidden_size"] == target["hidden_size"] and cfg["vocab_size"] == target["vocab_size"]

@@ -140,6 +140,21 @@ def test_tiny_kimi_config_and_hash_are_unchanged():
     assert tiny_model.model_dir(m, 0, Path("/c")).name == "tiny_kimi-0546b88cc4a8"
 
 
+def test_the_folders_files_take_the_served_model_derived_once():
+    """generate and model_dir derive the rank (rank_model) once; the functions that describe
+    the folder's files take that served model and refuse the whole one, naming the key."""
+    whole = model(*RANK8)
+    with pytest.raises(ValueError, match="model.tp_rank_of=8: expected the model one device serves"):
+        tiny_model.hf_config(whole)
+    with pytest.raises(ValueError, match="tp_rank_of=8"):
+        tiny_model.weight_shapes(whole)
+    served = rank_model(whole)
+    assert tiny_model.hf_config(served)["num_attention_heads"] == 64 // 8
+    # the name the cache had when each function derived the rank itself (that code's output)
+    assert tiny_model.model_dir(whole, 0, Path("/c")).name == "kimi_k25_int4-tp8rank-77d3b3c5b7b9"
+    assert tiny_model.model_hash(served, 0) == "77d3b3c5b7b9"
+
+
 def test_a_quantized_model_without_checkpoint_needs_dummy_weights(tmp_path):
     m = model(*RANK8)
     with pytest.raises(ServerStartError, match="set server.load_format=dummy \\(got null\\)"):

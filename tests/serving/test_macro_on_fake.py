@@ -117,9 +117,9 @@ def test_an_uncapped_open_loop_names_the_clients_cap_and_queues_there(model, tmp
     queue (queue_ms), measured, not inside the HTTP library's pool, where the wait would land
     in their TTFT. The cap is lowered to 2 here; 6 requests are due within ~5 ms, each served
     in ~90 ms (60 ms to the first token, then 3 more 10 ms apart)."""
-    from k25exp.runners import macro_phases
+    from k25exp.config.experiments import serving
 
-    monkeypatch.setattr(macro_phases, "OPEN_LOOP_CAP", 2)  # the tag reads the same cap
+    monkeypatch.setattr(serving, "OPEN_LOOP_CAP", 2)  # the tag reads the same cap
     _, rec, _ = run_macro(tmp_path, *fake_overrides(model, tmp_path, "FAKE_VLLM_TTFT_MS=60",
                                                     "FAKE_VLLM_GAP_MS=10"),
                           "experiment.load=open", "experiment.request_rate=[1000,20]",

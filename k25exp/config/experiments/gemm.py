@@ -22,7 +22,7 @@ class GemmConfig(ExperimentBase):
     limit_points keeps the first N values of the M sweep.
     """
 
-    recover: ClassVar[Optional[str]] = "k25exp.runners.gemm.recover"
+    recover: ClassVar[Optional[str]] = "k25exp.runners.gemm_results.recover"
     samples: ClassVar[Optional[str]] = "k25exp.compare.samples.gemm_folder"
     sample_artifacts: ClassVar[tuple[str, ...]] = ("samples.jsonl",)
 

@@ -58,6 +58,9 @@ def level_requests(rounds: float, level: float, min_requests: int = MIN_REQUESTS
     return max(min_requests, math.ceil(rounds * level))
 
 
+OPEN_LOOP_CAP = 256  # requests in flight when experiment.max_concurrency is unset: a socket each
+
+
 @experiment
 @dataclass
 class MacroConfig(Registered):
@@ -159,13 +162,43 @@ class MacroConfig(Registered):
     client_event_loop: str = "auto"
     fault: MacroFaultConfig = field(default_factory=MacroFaultConfig)
 
+    # What a level is: its value (sweep_levels), its MLflow step and that step's label
+    # (step_of, step_label: inverses), the requests it is sent and the most in flight.
+
+    def sweep_levels(self) -> list:
+        """The sweep's levels: concurrencies (closed loop) or request rates (open loop), the
+        first limit_points of them."""
+        levels = self.request_rate if self.load == "open" else self.concurrency
+        return list(levels[:self.limit_points])
+
     def step_axis(self) -> str:
         """A level is a concurrency (closed loop) or a request rate (open loop)."""
         return "req/s" if self.load == "open" else "c"
 
+    def step_of(self, level: float) -> int:
+        """The MLflow step a level's figures go to: its concurrency, or its rate × 1000 (MLflow
+        steps are integers); step_label reads it back."""
+        return int(round(level * 1000)) if self.load == "open" else int(level)
+
     def step_label(self, step: int) -> str:
-        """The concurrency, or the rate (open loop: step = rate × 1000)."""
+        """The concurrency, or the rate (open loop: step = rate × 1000); step_of's inverse."""
         return f"{step / 1000:g}" if self.load == "open" else str(step)
+
+    def requests_for(self, level: float) -> int:
+        """Requests at a level: experiment.requests, else `rounds` rounds of the closed loop's
+        workers, or `rounds` seconds of the open loop's arrivals; at least min_requests."""
+        if self.requests is not None:
+            return self.requests
+        return level_requests(self.rounds, level, self.min_requests)
+
+    def max_in_flight(self) -> int:
+        """The most requests a phase has in flight: the closed loop's largest concurrency, or
+        the open loop's cap (experiment.max_concurrency, else OPEN_LOOP_CAP). The client's
+        connection pool is sized above it, so no request waits inside the HTTP library, where
+        the wait would land in its TTFT."""
+        if self.load == "open":
+            return self.max_concurrency or OPEN_LOOP_CAP
+        return max(self.concurrency)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The serving benchmark and what it needs of its server (the server group's own

@@ -11,7 +11,7 @@ from omegaconf import MISSING
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import ExperimentBase, experiment, positive
 from k25exp.config.experiments.speculative import SpeculativeSettings
-from k25exp.config.experiments.serving import INPUT_TOKENS, MIN_REQUESTS, OUTPUT_TOKENS, ROUNDS
+from k25exp.config.experiments.serving import INPUT_TOKENS, OUTPUT_TOKENS, ROUNDS, level_requests
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -62,6 +62,11 @@ class ProfileConfig(ExperimentBase):
     # inside the server's own TP workers (k25exp.serving.collective_probe): this many bursts
     # after 5 warm-up ones; 0 = off. Needs the probe loaded (server.collective_probe, TP > 1).
     server_burst_reps: int = 50
+
+    def reference_requests(self) -> int:
+        """Requests of the level without the profiler: reference_rounds rounds of its
+        concurrency, at least the macro's minimum (as the macro sends a level by default)."""
+        return level_requests(self.reference_rounds, self.concurrency)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The capture and what it needs of its server: a profiler config (the server group's
