@@ -287,8 +287,8 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
             await admin.reset_prefix_cache(http, cache)
         rep = await ph.run("sweep", c, 0 if rate or trace else c, n, exp.duration_s, r * (n or 0),
                            rate=rate, due=due, prompt=trace)
-        for x in rep["records"]:
-            x["repeat"], x["prompt_index"] = r, r * (n or 0) + x["i"]
+        for x in rep["records"]:  # step: the MLflow step its level's figures went to
+            x["repeat"], x["prompt_index"], x["step"] = r, r * (n or 0) + x["i"], step_of(exp, c)
         reps.append(rep)
         if not conn.alive():
             break
