@@ -112,9 +112,9 @@ def read_trace(path: str, block_tokens: int = 512, key: str = "experiment.trace.
             else:
                 requests.append(req)
     if bad:
-        more = f"\n  (and {len(bad) - MAX_LISTED} more bad lines)" if len(bad) > MAX_LISTED else ""
-        raise TraceError(f"{key}={path!r}: {len(bad)} bad line(s), nothing sent:\n  "
-                         + "\n  ".join(bad[:MAX_LISTED]) + more)
+        more = f"\n    (and {len(bad) - MAX_LISTED} more bad lines)" if len(bad) > MAX_LISTED else ""
+        raise TraceError(f"{key}={path!r}: {len(bad)} bad line(s), nothing sent:\n    "
+                         + "\n    ".join(bad[:MAX_LISTED]) + more)
     if not requests:
         raise TraceError(f"{key}={path!r}: no requests in the file (expected one JSON object a line)")
     return Trace(str(path), requests, block_tokens)
