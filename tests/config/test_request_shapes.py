@@ -94,3 +94,10 @@ def test_an_slo_search_over_a_traces_speedup_runs_the_trace(tmp_path):
         slo, "experiment.search_over=speedup", experiment="slo_search")
     assert "experiment.search_over='tokens': expected rate, concurrency or speedup" in problems(
         slo, "experiment.search_over=tokens", experiment="slo_search")
+
+
+def test_spec_decode_refuses_a_trace_replay(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 4}\n')
+    assert "experiment.load=trace: spec_decode measures a closed or an open loop" in problems(
+        "experiment.load=trace", f"experiment.trace.path={f}", experiment="spec_decode")

@@ -333,6 +333,9 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
                 ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')", problems)
         if self.spec_repeats < 1:
             problems.append(f"experiment.spec_repeats={self.spec_repeats}: expected >= 1")
+        if self.load == "trace":  # its per-level speedups are logged at the concurrency or rate
+            problems.append("experiment.load=trace: spec_decode measures a closed or an open loop "
+                            "(use experiment=macro to replay a trace, on each server setting)")
 
 
 @experiment
