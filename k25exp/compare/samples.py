@@ -5,7 +5,8 @@ they summarise:
 
 * macro / spec_decode: `requests.jsonl` (spec_decode: `spec/` and, prefixed `baseline/`,
   `baseline/`): per request TPOT, TTFT, E2E and the median of its inter-chunk gaps (ITL), of
-  the single-stream phase (`single_stream_*`) and of each sweep level (step = concurrency).
+  the single-stream phase (`single_stream_*`) and of each sweep level (step = concurrency, or
+  an open loop's rate or a trace's speedup x 1000: level_steps).
   One ITL sample per request, not per gap: a request's gaps share its batch, its position
   and its stalls, so pooling them as independent samples would make p-values far too small.
 * nccl_burst, allreduce_sweep, all_to_all: `raw/` (the ranks' files, read as the runner reads
@@ -52,6 +53,20 @@ def _request_values(recs: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+def level_steps(sweep: list[dict]) -> dict:
+    """{level: the MLflow step its figures were logged at}: the records' own `step`; records
+    written before they carried one: the concurrency, or for an open loop's level (every
+    request's worker null) its rate x 1000, as the runner logs it."""
+    out = {}
+    for r in sweep:
+        if "step" in r:
+            out[r["level"]] = r["step"]
+    for level in {r["level"] for r in sweep} - set(out):
+        open_loop = all("worker" in r and r["worker"] is None for r in sweep if r["level"] == level)
+        out[level] = int(round(level * 1000)) if open_loop else int(level)
+    return out
+
+
 def serving_samples(jsonl: Path, prefix: str = "") -> Samples:
     recs = _records(jsonl)
     out: Samples = {}
@@ -63,9 +78,10 @@ def serving_samples(jsonl: Path, prefix: str = "") -> Samples:
                          ("single_stream_tpot_ms_mean_no_stalls", "tpot_ms_no_stalls")):
         if single[what]:
             out[(prefix + metric, None)] = single[what]
-    levels = sorted({r["level"] for r in recs if r.get("phase") == "sweep"})
-    for c in levels:
-        vals = _request_values([r for r in recs if r.get("phase") == "sweep" and r["level"] == c])
+    sweep = [r for r in recs if r.get("phase") == "sweep"]
+    steps = level_steps(sweep)
+    for c in sorted(set(steps.values())):
+        vals = _request_values([r for r in sweep if steps[r["level"]] == c])
         for what in ("tpot_ms", "ttft_ms", "e2e_ms", "itl_ms"):
             if vals[what]:
                 for stat in ("p50", "mean"):

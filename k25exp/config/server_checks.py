@@ -34,11 +34,17 @@ def server_problems(cfg: K25Config, problems: list[str]) -> None:
         if not 0 <= srv.port <= 65535:
             problems.append(f"server.port={srv.port}: expected 0 (any free port) to 65535")
         # the experiment's request shape: every one that drives a server sends prompts of
-        # input_tokens and asks for output_tokens, which vLLM refuses beyond its context
+        # input_tokens and asks for output_tokens (or the longest its length distributions
+        # can draw), which vLLM refuses beyond its context
         exp = cfg.experiment
-        need = getattr(exp, "input_tokens", 0) + getattr(exp, "output_tokens", 0)
-        if srv.max_model_len > 0 and need > srv.max_model_len:
-            problems.append(f"experiment.input_tokens + output_tokens = {need} exceeds "
+        n_in, n_out = getattr(exp, "input_tokens", 0), getattr(exp, "output_tokens", 0)
+        shaped = hasattr(exp, "input_len") and not exp.input_len.dist == exp.output_len.dist == "fixed"
+        longest = [exp.input_len.upper(n_in), exp.output_len.upper(n_out)] if shaped else [n_in, n_out]
+        if srv.max_model_len > 0 and None not in longest and sum(longest) > srv.max_model_len:
+            problems.append(f"the longest prompt + output experiment.input_len and output_len can "
+                            f"draw, {longest[0]} + {longest[1]} = {sum(longest)}, exceeds "
+                            f"server.max_model_len={srv.max_model_len}" if shaped else
+                            f"experiment.input_tokens + output_tokens = {sum(longest)} exceeds "
                             f"server.max_model_len={srv.max_model_len}")
         served_model_problems(cfg, problems)
         if srv.tp > 0 and cfg.model.num_attention_heads % srv.tp:

@@ -9,7 +9,10 @@ Several processes can run one level together (k25exp.load.shards): run_level and
 run_open_level then take their share of it and the shared start. The other sign of a saturated client is its event loop waking late
 (LoopLag): chunk arrival times are then stamped late, inflating TTFT, ITL and TPOT.
 
-Every request becomes one record (a dict, one JSONL line): phase, level, index, scheduled and
+Every request becomes one record (a dict, one JSONL line): phase, level, index, the prompt
+length it was built with and the max_tokens it asked for (prompt_tokens_target, max_tokens:
+a prompt source may give each request its own, as (text, prompt tokens, max_tokens);
+k25exp.load.workload), scheduled and
 sent time (seconds from the run's start), HTTP status, error, each streamed chunk's arrival
 time (seconds after sending) and token count, the server's `usage`, malformed chunks seen.
 Chunks are parsed cheaply: lines split on bytes, `orjson` on the `data:` payload only.
@@ -305,6 +308,12 @@ async def _start(start_at: Optional[float]) -> float:
     return start_at
 
 
+def shaped(p, input_tokens: Optional[int], max_tokens: int) -> tuple[str, Optional[int], int]:
+    """(text, prompt tokens, max_tokens) of what a prompt source gave: a text alone is sent
+    with the phase's own lengths."""
+    return (p, input_tokens, max_tokens) if isinstance(p, str) else p
+
+
 def _result(records: list, start: float, cpu0: float, lag: list) -> dict:
     end = time.perf_counter()
     return {"records": records, "wall_s": end - start, "cpu_s": time.process_time() - cpu0,
@@ -356,10 +365,11 @@ async def run_level(client: CompletionClient, prompt: Callable[[int], str], *, p
             i = counter.claim(n_requests)
             if i is None:
                 return
+            text, n_in, n_out = shaped(prompt(i), input_tokens, max_tokens)
             rec = {"phase": phase, "level": level, "i": i, "worker": w, "shard": shard,
-                   "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
+                   "prompt_tokens_target": n_in, "max_tokens": n_out,
                    "scheduled_s": scheduled - t0}
-            await client.complete(prompt(i), max_tokens, rec, t0)
+            await client.complete(text, n_out, rec, t0)
             records.append(rec)
             if on_record:
                 on_record(rec)
@@ -401,11 +411,12 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
             await asyncio.sleep(delay)
         if should_stop and should_stop():
             return
+        text, n_in, n_out = shaped(prompt(i), input_tokens, max_tokens)
         rec = {"phase": phase, "level": level, "i": i, "worker": None, "shard": shard,
-               "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
+               "prompt_tokens_target": n_in, "max_tokens": n_out,
                "scheduled_s": start + due - t0}
         if slots is None:
-            await client.complete(prompt(i), max_tokens, rec, t0)
+            await client.complete(text, n_out, rec, t0)
         else:
             asked = time.perf_counter()
             async with slots:
@@ -415,7 +426,7 @@ async def run_open_level(client: CompletionClient, prompt: Callable[[int], str],
                 rec["ready_s"] = rec["scheduled_s"] + rec["queue_ms"] / 1e3
                 if should_stop and should_stop():  # the server died while this one queued
                     return
-                await client.complete(prompt(i), max_tokens, rec, t0)
+                await client.complete(text, n_out, rec, t0)
         records.append(rec)
         if on_record:
             on_record(rec)

@@ -61,6 +61,14 @@ Per level (requests that failed count in `errors` only):
                    decode_only + slope × prefill_tokens_per_decode_step = the level's
                    token-weighted mean TPOT. No slope where no request shared a prefill (then
                    decode_only is that mean) or fewer than 3 requests decoded
+    input_len_{mean,std,min,max}, output_len_{mean,std,min,max}  the lengths the level's
+                   requests were built with (prompt_tokens_target, max_tokens: experiment.
+                   input_len / output_len or the trace; k25exp.load.lengths.shape_figures)
+    output_tokens_mismatch, prompt_tokens_mismatch  requests whose usage differs from the
+                   lengths they were sent with
+    send_lag_ms_{p50,p99,mean,n}  open loop and trace: each request's actual send less its
+                   scheduled one (its lateness and its wait for a slot under the cap), ms
+                   (send_lag_figures)
 Percentiles are linear interpolation between order statistics (numpy's default).
 
 Long because every per-level figure's definition sits beside its code, in one place.
@@ -73,6 +81,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from k25exp.load import stalls
+from k25exp.load.lengths import shape_figures
 from k25exp.stats import bootstrap_ci, mean, min_samples, percentile
 
 MAX_CLIENT_CPU = 0.9  # of one core: beyond it the single event loop is the bottleneck
@@ -154,11 +163,14 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
         m["output_tok_s_ci_lo"], m["output_tok_s_ci_hi"] = ci
     m["request_s"] = len(ok) / wall_s if wall_s > 0 else 0.0
     m.update(decode_prefills(ok))
+    m.update(shape_figures(records))
+    # against each request's own lengths where it has them (a drawn shape, a trace)
     if target_output is not None:
-        m["output_tokens_mismatch"] = sum(r["output_tokens"] != target_output for r in ok)
+        m["output_tokens_mismatch"] = sum(r["output_tokens"] != (r.get("max_tokens") or target_output)
+                                          for r in ok)
     if target_input is not None:
-        m["prompt_tokens_mismatch"] = sum(r["prompt_tokens"] is not None
-                                          and r["prompt_tokens"] != target_input for r in ok)
+        m["prompt_tokens_mismatch"] = sum(r["prompt_tokens"] is not None and r["prompt_tokens"]
+                                          != (r.get("prompt_tokens_target") or target_input) for r in ok)
     lags = [r["lag_ms"] for r in records if r.get("lag_ms") is not None]
     if lags:  # a p99 only where 100 sends support one (stats.min_samples); the max always
         m["client_lag_ms_p50"] = percentile(lags, 50)
@@ -349,6 +361,16 @@ def goodput(records: Sequence[dict], wall_s: float, slo: dict) -> dict:
     return {"goodput_req_s": len(good) / wall_s if wall_s > 0 else 0.0,
             "goodput_tok_s": sum(r["output_tokens"] or 0 for r in good) / wall_s if wall_s > 0 else 0.0,
             "good_fraction": len(good) / len(records) if records else 0.0}
+
+
+def send_lag_figures(records: Sequence[dict]) -> dict:
+    """send_lag_ms_p50/_p99/_mean/_n (p99 with 100 sends or more): each sent request's actual
+    send time less its scheduled one, in ms. In an open loop or a trace replay that is how far
+    the client kept the schedule: its own lateness (lag_ms) and any wait for a slot under the
+    cap (queue_ms) together."""
+    return _pcts("send_lag_ms", [r["sent_s"] - r["scheduled_s"] for r in records
+                                 if r.get("sent_s") is not None and r.get("scheduled_s") is not None],
+                 (50, 99))
 
 
 def rate_figures(records: Sequence[dict], due_s: Sequence[float], target: float,

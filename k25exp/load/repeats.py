@@ -27,6 +27,8 @@ def pool(results: Sequence[dict]) -> dict:
            "repeats": list(results)}
     if results[0].get("rate") is not None:  # open loop: each repeat keeps its own schedule
         out["rate"] = results[0]["rate"]
+    if results[0].get("scheduled"):  # a trace's schedule (with or without a rate)
+        out["scheduled"] = True
     # several client processes (k25exp.load.shards): each process's loop lag across the
     # repeats, and every process that failed
     by_proc = [res.get("loop_lag_ms_by_process") for res in results]

@@ -235,7 +235,7 @@ class ShardPool:
             # processes' (in flight when they died)
             return [i for i in range(self.counter.value) if i not in reported]
 
-        self._account(res, specs, lost, phase, level, max_tokens, input_tokens)
+        self._account(res, specs, lost, phase, level, max_tokens, input_tokens, prompts)
         return res
 
     async def run_open(self, prompts: Prompts, *, phase: str, level: float,
@@ -268,7 +268,7 @@ class ShardPool:
         def lost(k: int, reported: set) -> list[int]:
             return [i for i in specs[k]["indices"] if i not in reported]
 
-        self._account(res, specs, lost, phase, level, max_tokens, input_tokens)
+        self._account(res, specs, lost, phase, level, max_tokens, input_tokens, prompts)
         res["due_s"] = due
         return res
 
@@ -362,14 +362,15 @@ class ShardPool:
                 "start": start_at, "_shards": shards}
 
     def _account(self, res: dict, specs: list[dict], lost, phase, level, max_tokens,
-                 input_tokens) -> None:
-        """Failed processes: reported, and what they had not finished recorded as failed."""
+                 input_tokens, prompts: Optional[Prompts] = None) -> None:
+        """Failed processes: reported, and what they had not finished recorded as failed
+        (with the lengths each was to be sent with)."""
         failed = [s for s in res.pop("_shards") if s.state == "failed"]
         res["client_failures"] = [f"client process {s.k} (pid {s.proc.pid if s.proc else '?'}): "
                                   f"{s.error}" for s in failed]
         if not failed:
             return
-        from k25exp.load.client import finish  # the derived fields, as every record has them
+        from k25exp.load.client import finish, shaped  # the derived fields, as every record has them
 
         reported = {r["i"] for r in res["records"]}
         for s in failed:
@@ -378,9 +379,10 @@ class ShardPool:
                 s.proc.join(5)
             for i in lost(s.k, reported):
                 reported.add(i)
+                _, n_in, n_out = shaped(prompts(i) if prompts else "", input_tokens, max_tokens)
                 res["records"].append(finish({  # never sent: no sent_s, end_s
                     "phase": phase, "level": level, "i": i, "worker": None, "shard": s.k,
-                    "prompt_tokens_target": input_tokens, "max_tokens": max_tokens,
+                    "prompt_tokens_target": n_in, "max_tokens": n_out,
                     "status": None, "chunk_s": [], "chunk_tokens": [], "usage": None,
                     "malformed": 0, "done": False,
                     "error": f"client process {s.k} failed before this request finished: "

@@ -1,11 +1,14 @@
 """macro: single-stream TPOT and throughput vs concurrency against a live vLLM server.
 
 Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer's count),
-`output_tokens` generated with ignore_eos, greedy, a fixed seed:
+`output_tokens` generated with ignore_eos, greedy, a fixed seed (or each request's own
+lengths, drawn from experiment.input_len / output_len: k25exp.load.workload):
   1. warm-up: `warmup` requests one at a time, recorded as phase "warmup", never in figures;
   2. single stream: `single_stream_requests` one at a time → single_stream_* figures
      (single_stream_valid = 0 when the client lagged, as for a level);
-  3. sweep: for each concurrency C a closed loop of C workers → figures at step C.
+  3. sweep: for each concurrency C a closed loop of C workers → figures at step C (open
+     loop: each rate; load=trace: the trace's requests at its times / each speedup).
+A lengths file or a trace is read and checked line by line before the server starts.
 With experiment.reset_prefix_cache (a dev endpoint: loopback servers only, unless opted in),
 the prefix cache is reset before phase 2 and before every level, so no level reuses another's
 prompts' KV; the tag `prefix_cache` says what actually happened. Each phase is flagged invalid when the client lagged or when
@@ -30,6 +33,7 @@ import logging
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Optional
 
 import httpx
 
@@ -45,9 +49,11 @@ from k25exp.serving.endpoint import Connection
 from k25exp.serving.errors import ServerDied, ServerError
 from k25exp.load.level_figures import describe_invalid
 from k25exp.load.progress import Progress
-from k25exp.load.prompts import PromptBuilder, load_tokenizer
+from k25exp.load.prompts import load_tokenizer
 from k25exp.serving.registry import release
 from k25exp.load.shards import CHUNKS_PER_PROCESS
+from k25exp.load.trace import Trace
+from k25exp.load.workload import TracePrompts, Workload
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,9 @@ LEVEL_METRICS |= {  # open loop, goodput, the user's view from the scheduled sen
     "rate_missed", "goodput_req_s", "goodput_tok_s", "good_fraction", "client_lag_n",
     "output_tok_s_ci_lo", "output_tok_s_ci_hi", "prefix_cache_queries", "prefix_cache_hits",
     "prefix_cache_hit_rate", "repeats", "client_processes", "client_failures"}
+LEVEL_METRICS |= {  # the lengths the level's requests were drawn with; a schedule's send lag
+    f"{x}_len_{s}" for x in ("input", "output") for s in ("mean", "std", "min", "max")} | {
+    f"send_lag_ms_{s}" for s in ("p50", "p99", "mean", "n")}
 
 
 # The single-stream phase's figures, logged once (no step): key -> the phase's figure.
@@ -109,8 +118,14 @@ def _level_metric(key: str) -> bool:
                 ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))))
 
 
+def trace_requests(exp: MacroConfig, trace: Trace) -> int:
+    """Requests a trace's level sends: its lines, or the first experiment.requests of them."""
+    return min(len(trace), exp.requests or len(trace))
+
+
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    work = Workload(cfg.experiment, cfg.server)  # files read and checked before a server starts
     t = time.perf_counter()
     generated: list[Path] = []
     try:
@@ -126,7 +141,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         rec.log_metrics({"model_generate_s": time.perf_counter() - t})
     record_server(cfg, conn, rec)
     try:
-        return loops.run(_measure(cfg, conn, out, rec), cfg.experiment.client_event_loop)
+        return loops.run(_measure(cfg, conn, out, rec, work), cfg.experiment.client_event_loop)
     except ServerDied:
         if conn.managed:
             release(conn.managed)  # stop what's left of it; the next job starts afresh
@@ -136,15 +151,16 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         copy_server_log(conn, out)
 
 
-async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -> dict[str, float]:
+async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
+                   work: Workload) -> dict[str, float]:
     """Warm-up, single stream, then the sweep's levels; the summary figures."""
     exp: MacroConfig = cfg.experiment
-    prompt, tok_path = _prompts(cfg, conn)
+    prompt, trace, tok_path = _prompts(cfg, conn, work)
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
     rec.set_tags({"macro.tokenizer": str(tok_path), "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks",
-                  "macro.load": _load_tag(exp)})
+                  "macro.load": _load_tag(exp), **work.describe()})
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, float] = {}
     rows: list = []
@@ -169,7 +185,8 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
                     summary.update(await _single_stream(ph, rec, cache))
                 for c in exp.sweep_levels():
                     try:
-                        figs = await _level(ph, c, rec, cache, measured_before=len(measured))
+                        figs = await _level(ph, c, rec, cache, measured_before=len(measured),
+                                            trace=trace)
                     except (ServerDied, ServerError):
                         finish(out, exp, rows, measured, summary, rec, jsonl)  # the levels so far
                         raise
@@ -180,20 +197,25 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder) -
     return summary
 
 
-def _prompts(cfg: K25Config, conn: Connection):
-    """The job's prompts, every one built before anything is timed (tokenizing between
-    requests would be client lag), and the tokenizer they were counted with."""
+def _prompts(cfg: K25Config, conn: Connection, work: Workload):
+    """The job's prompt sources (the shaped one; a trace's for its sweep), every prompt built
+    before anything is timed (tokenizing between requests would be client lag) or sent (a
+    trace line too short for the tokenizer is named before the first request), and the
+    tokenizer they were counted with."""
     exp: MacroConfig = cfg.experiment
     tok_path = cfg.server.tokenizer or conn.info.get("model_path")
     if not tok_path:
         raise ServerError("no tokenizer: set server.tokenizer (folder or hub id of the served model's)")
     tok = load_tokenizer(tok_path, cfg.server.trust_remote_code)
-    prompt = PromptBuilder(tok, exp.input_tokens, exp.seed, exp.prefix_tokens, exp.prefix_groups)
+    prompt, trace = work.prompts(tok)
+    if trace is not None:
+        trace.many(range(trace_requests(exp, trace.trace)))
     if exp.duration_s is None:
-        prompt.many(range(max([exp.single_stream_requests] +
-                              [exp.requests_for(c) * exp.repeats for c in exp.sweep_levels()])))
+        sweep = [] if trace is not None else [exp.requests_for(c) * exp.repeats
+                                               for c in exp.sweep_levels()]
+        prompt.many(range(max([exp.single_stream_requests] + sweep)))
         prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
-    return prompt, tok_path
+    return prompt, trace, tok_path
 
 
 async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, float]:
@@ -221,29 +243,35 @@ async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, fl
     return single
 
 
-async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_before: int) -> dict:
-    """One level of the sweep (concurrency c, or c req/s in the open loop), `repeats` times
-    pooled: its figures, logged at the level's step. A server that died or an endpoint that
-    stopped answering raises, after logging what the level completed (`measured_before`: the
-    levels measured before this one, for its message)."""
+async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_before: int,
+                 trace: Optional[TracePrompts] = None) -> dict:
+    """One level of the sweep (concurrency c, c req/s in the open loop, or the trace at
+    speedup c), `repeats` times pooled: its figures, logged at the level's step. A server that
+    died or an endpoint that stopped answering raises, after logging what the level completed
+    (`measured_before`: the levels measured before this one, for its message)."""
     exp, conn, http = ph.exp, ph.conn, ph.client.http
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
     before = await admin.scrape(http, conn.model)
     n = None if exp.duration_s else exp.requests_for(c)
     rate = c if exp.load == "open" else None
+    due = None
+    if trace is not None:  # every repeat replays the same lines (TracePrompts: i mod the trace)
+        n = trace_requests(exp, trace.trace)
+        due = trace.trace.due_s(c, n)
     reps = []
     for r in range(exp.repeats):
         if r and exp.reset_prefix_cache:
             await admin.reset_prefix_cache(http, cache)
-        rep = await ph.run("sweep", c, 0 if rate else c, n, exp.duration_s, r * (n or 0), rate=rate)
-        for x in rep["records"]:
-            x["repeat"], x["prompt_index"] = r, r * (n or 0) + x["i"]
+        rep = await ph.run("sweep", c, 0 if rate or trace else c, n, exp.duration_s, r * (n or 0),
+                           rate=rate, due=due, prompt=trace)
+        for x in rep["records"]:  # step: the MLflow step its level's figures went to
+            x["repeat"], x["prompt_index"], x["step"] = r, r * (n or 0) + x["i"], exp.step_of(c)
         reps.append(rep)
         if not conn.alive():
             break
     res = repeats.pool(reps)
-    lvl = f"rate {c:g}/s" if rate else f"concurrency={c}"
+    lvl = f"rate {c:g}/s" if rate else f"speedup {c:g}" if trace else f"concurrency={c}"
     if completed(res) < len(res["records"]) and conn.managed is not None:
         await admin.settle(http, conn)  # a dying server closes sockets before it exits
     if not conn.alive():
@@ -265,8 +293,8 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     if len(reps) > 1:
         figs.update(repeats.spread(ph.repeat_figures(reps)))
     if not figs["valid"]:
-        log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level c={c}", figs,
-                                     exp.max_client_lag_ms))
+        log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level speedup {c:g}"
+                                     if trace else f"level c={c}", figs, exp.max_client_lag_ms))
     rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=exp.step_of(c))
     return figs
 
@@ -284,12 +312,16 @@ def _client_tag(exp: MacroConfig, client: CompletionClient) -> str:
 
 
 def _load_tag(exp: MacroConfig) -> str:
+    cap = f", at most {exp.max_in_flight()} in flight" + (
+        "" if exp.max_concurrency else " (the client's cap; max_concurrency unset)")
     if exp.load == "open":
-        cap = f", at most {exp.max_in_flight()} in flight" + (
-            "" if exp.max_concurrency else " (the client's cap; max_concurrency unset)")
         return (f"open loop: gamma arrivals (burstiness {exp.burstiness:g}; 1 = Poisson) at "
                 f"{exp.sweep_levels()} req/s{cap}; latencies also from the scheduled send; "
                 "step = rate x 1000")
+    if exp.load == "trace":
+        return (f"trace replay: {exp.trace.path} at its own times divided by each speedup "
+                f"{exp.sweep_levels()}{cap}; latencies also from the scheduled send; "
+                "step = speedup x 1000 (the trace: macro.trace)")
     ramp = f", workers started over {exp.ramp_s:g} s" if exp.ramp_s else ", all workers at once"
     return f"closed loop: {exp.sweep_levels()} workers{ramp}; step = concurrency"
 

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import signal
 from typing import BinaryIO, Callable, Optional
 
 import orjson
 
 from k25exp.config.experiments import MacroConfig
-from k25exp.load.arrivals import schedule
+from k25exp.load.arrivals import rate_of, schedule
 from k25exp.load.client import CompletionClient, run_level, run_open_level
 from k25exp.serving.endpoint import Connection
-from k25exp.load.level_figures import goodput, level_figures, rate_figures, tpot_gap_pct
+from k25exp.load.level_figures import (goodput, level_figures, rate_figures, send_lag_figures,
+                                       tpot_gap_pct)
 from k25exp.load.progress import Progress
 from k25exp.load.shards import ShardPool, Prompts, auto_processes
 from k25exp.load.stalls import StallRule
@@ -55,25 +57,32 @@ class Phases:
             self.pool.close()
             self.pool = None
 
-    def processes(self, c: int, n: Optional[int], rate: Optional[float]) -> int:
+    def processes(self, c: int, n: Optional[int], rate: Optional[float],
+                  output_tokens: Optional[float] = None) -> int:
         """Client processes for a phase: experiment.client_processes, or auto (shards'
-        rule), never more than the phase has streams (closed) or requests (open)."""
+        rule), never more than the phase has streams (closed) or requests (open: `rate` set,
+        inf for a schedule without one)."""
         exp = self.exp
         # every process needs a stream (closed) or a slot of the cap and a request (open)
         most = c if rate is None else min(n or exp.max_in_flight(), exp.max_in_flight())
         if exp.client_processes:
             return max(1, min(exp.client_processes, most))
         return min(most, auto_processes(c if rate is None else exp.max_in_flight(),
-                                        self.single_tpot_s, rate, exp.output_tokens))
+                                        self.single_tpot_s, rate, output_tokens or exp.output_tokens))
 
     def dead(self) -> bool:
         return not self.conn.alive()
 
     async def run(self, name: str, level: float, c: int, n: Optional[int],
-                  duration: Optional[float], first_prompt: int, rate: Optional[float] = None) -> dict:
-        """One phase: a closed loop of c workers, or an open loop at `rate` req/s; its raw result."""
+                  duration: Optional[float], first_prompt: int, rate: Optional[float] = None,
+                  due=None, prompt: Optional[Callable[[int], object]] = None) -> dict:
+        """One phase: a closed loop of c workers, an open loop at `rate` req/s, or the
+        schedule `due` (a trace's: s from the start, request i from prompt(i); default the
+        job's prompts); its raw result."""
         exp, errors, done = self.exp, 0, 0
-        task = self.progress.task(f"{name} " + (f"{rate:g}/s" if rate else f"c={c}"), n)
+        source = prompt or self.prompt
+        what = (f"x{level:g}" if due is not None else f"{rate:g}/s" if rate else f"c={c}")
+        task = self.progress.task(f"{name} {what}", n)
         f = exp.fault
         kill_here = name == "sweep" and f.kill_server_at_level == level and self.conn.managed
 
@@ -88,13 +97,16 @@ class Phases:
                 self.conn.managed.kill(signal.SIGKILL)
 
         def nth_prompt(i: int):
-            return self.prompt(first_prompt + i)
+            return source(first_prompt + i)
 
-        P = self.processes(c, n, rate)
-        due = None
-        if rate is not None:
+        out_mean = None
+        if due is not None:  # a trace: its own rate (none: all at once) and output lengths
+            rate = rate_of(due) or float("inf")
+            out_mean = sum(source(first_prompt + i)[2] for i in range(len(due))) / max(len(due), 1)
+        elif rate is not None:
             due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
                            exact=exp.exact_rate and n is not None)
+        P = self.processes(c, n, rate, out_mean)
         # No garbage collection while a level runs: a full pass over the half million objects
         # transformers leaves behind stalls the event loop for 0.2-1 s (seen as client lag);
         # reference counting frees the level's garbage, the rest goes after.
@@ -104,8 +116,8 @@ class Phases:
         try:
             if P > 1:
                 res = await self._run_processes(P, name, level, c, n, duration, first_prompt,
-                                                due, on_record)
-            elif rate is not None:
+                                                due, on_record, source)
+            elif due is not None:
                 res = await run_open_level(self.client, nth_prompt, phase=name, level=level,
                                            due_s=due, max_tokens=exp.output_tokens, t0=self.t0,
                                            max_concurrency=exp.max_in_flight(),
@@ -121,22 +133,24 @@ class Phases:
         finally:
             gc.enable()
         gc.collect()
-        if rate is not None:
-            res["rate"] = rate
+        if due is not None:  # a trace's target is its own rate (none: every request at once)
+            res["rate"] = rate if math.isfinite(rate) else None
+            res["scheduled"] = True
         for why in res.get("client_failures", ()):
-            log.warning("%s %s: %s", name, f"rate {rate:g}/s" if rate else f"c={c}", why)
+            log.warning("%s %s: %s", name, what, why)
         return res
 
     async def _run_processes(self, P: int, name: str, level: float, c: int, n: Optional[int],
-                             duration: Optional[float], first_prompt: int, due, on_record) -> dict:
+                             duration: Optional[float], first_prompt: int, due, on_record,
+                             source) -> dict:
         """The phase over P client processes (k25exp.load.shards): each gets the prompts it
         may send (a count: the texts; a duration: the prompt builder), one start time."""
         exp = self.exp
         if self.pool is None:
             self.pool = ShardPool(self.client_kw, exp.client_event_loop)
         count = n if due is None else len(due)
-        prompts = (Prompts(builder=self.prompt, first=first_prompt) if count is None else
-                   Prompts({i: self.prompt(first_prompt + i) for i in range(count)}))
+        prompts = (Prompts(builder=source, first=first_prompt) if count is None else
+                   Prompts({i: source(first_prompt + i) for i in range(count)}))
         common = dict(phase=name, level=level, max_tokens=exp.output_tokens, t0=self.t0,
                       input_tokens=exp.input_tokens, on_record=on_record,
                       should_stop=self.dead, processes=P)
@@ -172,6 +186,8 @@ class Phases:
                   for x in res.get("repeats", [res])]
             figs.update(max(rf, key=lambda f: (f["rate_missed"], abs(f.get("rate_error_pct") or 0))))
             figs["valid"] = float(figs["valid"] and not figs["rate_missed"])
+        if res.get("rate") is not None or res.get("scheduled"):  # sent on a schedule: how closely
+            figs.update(send_lag_figures(res["records"]))
         figs.update(goodput(res["records"], res["wall_s"], exp.slo.bounds()))
         self.write(res)
         return figs

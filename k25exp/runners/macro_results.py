@@ -51,7 +51,7 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
     tput = [f["output_tok_s"] for _, f in measured]
     peak_i = max(range(len(tput)), key=tput.__getitem__)
     sat = saturation(levels, tput, exp.saturation_gain)
-    unit = "rate" if exp.load == "open" else "concurrency"
+    unit = {"open": "rate", "trace": "speedup"}.get(exp.load, "concurrency")
     s = {"peak_output_tok_s": tput[peak_i], f"peak_{unit}": levels[peak_i],
          "invalid_levels": sum(1 for _, f in measured if not f["valid"]),
          "stalled_levels": sum(1 for _, f in measured if f["delivery_stalls"]),
@@ -69,9 +69,10 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
             g is not None for g in good) else {}
         rec.log_metrics(s_good)
         summary.update(s_good)
-    cols = COLUMNS if exp.load == "closed" else [tables.Column("rate/s", "{:g}", 8)] + COLUMNS[1:]
+    cols = COLUMNS if exp.load == "closed" else [
+        tables.Column("speedup" if exp.load == "trace" else "rate/s", "{:g}", 8)] + COLUMNS[1:]
     text = tables.write(out / "results", cols, rows,
-                        f"macro: {exp.input_tokens} in / {exp.output_tokens} out tokens; ms "
+                        f"macro: {_shape(exp)}; ms "
                         "except tok/s, req/s; srv_tpot = server's mean; lag = client send lag (p99, or its max under 100 sends); "
                         "loop = client loop lag (mean); cpu = client cores busy; stalls = delivery "
                         "stalls (tokens held back, released in a burst), stall_max their longest "
@@ -79,7 +80,7 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
                         "n<N = too few samples for that percentile")
     print(text, flush=True)
     pdir = out / "plots"
-    xname = "request rate (req/s)" if exp.load == "open" else "concurrency"
+    xname = {"open": "request rate (req/s)", "trace": "trace speedup"}.get(exp.load, "concurrency")
     flagged = [t if not f["valid"] else None for t, (_, f) in zip(tput, measured)]
     plots.sweep(pdir / "throughput_vs_concurrency.png", levels,
                 {"output tok/s": tput, "invalid: client lag or delivery stall": flagged},
@@ -90,6 +91,17 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
                 | {"server mean": [f.get("server_tpot_ms_mean") for _, f in measured]},
                 xname, "TPOT (ms)", f"TPOT vs {xname} (vLLM definition)")
     cdf_plot(pdir / "latency_cdf.png", out / "requests.jsonl")
+
+
+def _shape(exp: MacroConfig) -> str:
+    """The requests' lengths, for the table's header."""
+    if exp.load == "trace":
+        return f"the requests of trace {exp.trace.path}"
+
+    def one(x, n: int, what: str) -> str:
+        return f"{n} {what}" if x.dist == "fixed" else f"{what} {x.dist}, mean {n}"
+    return (f"{one(exp.input_len, exp.input_tokens, 'in')} / "
+            f"{one(exp.output_len, exp.output_tokens, 'out')} tokens")
 
 
 def cdf_plot(path: Path, jsonl: Path) -> None:

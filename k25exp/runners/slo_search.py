@@ -2,7 +2,8 @@
 
 Each probe is one macro level (the macro runner, called with that single level: the server is
 found by its launch key and reused, so only the first probe may start it), logged as a child
-run. A probe meets the SLO when the experiment's percentile of every SLO metric is at or
+run: a request rate (open loop), a concurrency (closed loop) or a trace's speedup (load=trace:
+the trace replayed at its times / x). A probe meets the SLO when the experiment's percentile of every SLO metric is at or
 below its bound and the level is valid (no client lag, no delivery stall, rate kept).
 Bracketing: from `start`, double while probes meet (until one fails or `highest`), or halve
 while they fail (until one meets or `lowest`); then bisection between the highest meeting and
@@ -102,7 +103,7 @@ class Search:
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SloSearchConfig = cfg.experiment
-    unit = "req/s" if exp.search_over == "rate" else "concurrency"
+    unit = {"rate": "req/s", "speedup": "speedup"}.get(exp.search_over, "concurrency")
     slo = exp.slo.bounds()
     answer_key = f"max_{exp.search_over}_meeting_slo"
     rec.set_tags({"slo_search.slo": ", ".join(f"p{exp.percentile} {k} <= {v:g}" for k, v in slo.items()),
@@ -112,8 +113,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     make_child = getattr(rec, "child", None)
     while (x := search.next(history)) is not None:
         k = len(history)
-        e = replace(exp, request_rate=[x], concurrency=[int(x)], limit_points=None,
-                    warmup=exp.warmup if k == 0 else 0, single_stream_requests=0)
+        e = replace(exp, request_rate=[x], concurrency=[int(x)], trace=replace(exp.trace, speedup=[x]),
+                    limit_points=None, warmup=exp.warmup if k == 0 else 0, single_stream_requests=0)
         name = f"probe {k}: {unit} {x:g}"
         sub = make_child(name, {"k25exp.experiment": "slo_search", "slo_search.probe": str(k)}) \
             if make_child else MemoryRecorder()

@@ -125,3 +125,23 @@ def test_fetched_artifacts_keep_their_folders(tmp_path):
     assert samples[("tpot_ms_p50", 1)] == pytest.approx([4.0])            # the spec server's
     assert samples[("baseline/tpot_ms_p50", 1)] == pytest.approx([10.0])
 
+
+
+def test_open_loop_and_trace_levels_are_compared_at_the_step_their_figures_went_to(tmp_path):
+    """A level's figures go to step = rate (or a trace's speedup) x 1000: its samples too. Records
+    carry their step; older ones (without) are told apart by their worker: an open loop's
+    requests have none (worker null), a closed loop's a number."""
+    def rec(level, tpot_s, **kw):
+        return {"phase": "sweep", "level": level, "ok": True, "chunk_s": [0.1, 0.1 + tpot_s],
+                "ttft_s": 0.1, "e2e_s": 0.1 + tpot_s, "tpot_s": tpot_s, "stalls": [], **kw}
+    _write(tmp_path / "requests.jsonl", [
+        rec(0.5, 0.010, worker=None, step=500),          # open loop at 0.5 req/s, as written now
+        rec(2.0, 0.020, worker=None, step=2000),         # a trace at speedup 2
+        rec(1.5, 0.030, worker=None),                    # open loop, written before `step`
+        rec(4, 0.040, worker=3)])                        # closed loop, c = 4, before `step`
+    s = serving_samples(tmp_path / "requests.jsonl")
+    assert s[("tpot_ms_p50", 500)] == pytest.approx([10.0])
+    assert s[("tpot_ms_p50", 2000)] == pytest.approx([20.0])
+    assert s[("tpot_ms_p50", 1500)] == pytest.approx([30.0])
+    assert s[("tpot_ms_p50", 4)] == pytest.approx([40.0])
+    assert not any(step in (0.5, 2.0, 1.5) for _, step in s)

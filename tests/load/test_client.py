@@ -284,3 +284,37 @@ def test_fixed_gap_gives_tpot_and_itl_equal_to_the_gap_and_ttft_the_first_delay(
     assert f["tpot_ms_p50"] >= 10.0 - 0.5 and f["itl_ms_p50"] >= 10.0 - 0.5
     ttft_ms = [r["ttft_s"] * 1e3 for r in res["records"]]
     assert min(ttft_ms) >= 50.0, (ttft_ms, rtt_ms)
+
+
+def test_each_request_asks_for_its_own_lengths_and_its_record_says_which(stub):
+    """A prompt source giving (text, prompt tokens, max_tokens): each request's max_tokens is
+    sent (the stub streams exactly that many) and both lengths are in its record; the level's
+    shape figures and mismatch counts are over those, by hand."""
+    from k25exp.load.client import run_open_level
+
+    shapes = {i: (f"p{i}", 10 + i, 2 + i) for i in range(6)}
+
+    async def go():
+        async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
+            closed = await run_level(c, shapes.__getitem__, phase="sweep", level=2, concurrency=2,
+                                     max_tokens=99, t0=time.perf_counter(), n_requests=6,
+                                     input_tokens=999)
+            opened = await run_open_level(c, shapes.__getitem__, phase="sweep", level=1.0,
+                                          due_s=[0.0] * 6, max_tokens=99, t0=time.perf_counter())
+            plain = await run_level(c, lambda i: "fine", phase="sweep", level=1, concurrency=1,
+                                    max_tokens=3, t0=time.perf_counter(), n_requests=1, input_tokens=7)
+            return closed, opened, plain
+
+    closed, opened, plain = asyncio.run(go())
+    for res in (closed, opened):
+        recs = sorted(res["records"], key=lambda r: r["i"])
+        assert [(r["prompt_tokens_target"], r["max_tokens"]) for r in recs] == [
+            (10 + i, 2 + i) for i in range(6)]
+        assert [r["usage"]["completion_tokens"] for r in recs] == [2 + i for i in range(6)]
+        f = level_figures(res["records"], res["wall_s"], target_output=99, target_input=999)
+        assert f["output_tokens_mismatch"] == 0  # against each request's own max_tokens
+        assert (f["output_len_mean"], f["output_len_min"], f["output_len_max"]) == (4.5, 2, 7)
+        assert (f["input_len_mean"], f["input_len_min"], f["input_len_max"]) == (12.5, 10, 15)
+        assert f["output_len_std"] == pytest.approx((17.5 / 6) ** 0.5)  # ddof 0 of 2 … 7
+    (r,) = plain["records"]  # a text alone: the phase's own lengths, as before
+    assert (r["prompt_tokens_target"], r["max_tokens"], r["usage"]["completion_tokens"]) == (7, 3, 3)

@@ -232,3 +232,34 @@ def test_bootstrap_interval_of_a_median():
     assert lo < 10.0 < hi
     with pytest.raises(ValueError, match="at least 2"):
         bootstrap_ci([1.0])
+
+
+def test_a_traces_schedule_is_kept_and_its_send_lag_figures_follow_from_the_records(tmp_path):
+    """A trace's times (ms) scaled by its speedup are each request's scheduled send; the send
+    lag figures are the records' sent − scheduled, by hand."""
+    from k25exp.load.level_figures import send_lag_figures
+    from k25exp.load.trace import read_trace
+
+    f = tmp_path / "trace.jsonl"
+    f.write_text("".join(f'{{"timestamp": {t}, "input_length": 8, "output_length": 2}}\n'
+                         for t in (100, 300, 300, 700)))
+    due = read_trace(str(f)).due_s(speedup=2.0)
+    assert due.tolist() == pytest.approx([0.0, 0.1, 0.1, 0.3])  # (t − 100) ms / 1000 / 2
+    with StubThread(gap_s=0.001) as stub:
+        async def go():
+            async with CompletionClient(stub.base_url, "stub", timeout_s=10.0) as c:
+                t0 = time.perf_counter()
+                return t0, await run_open_level(c, lambda i: "fine", phase="sweep", level=2.0,
+                                                due_s=due, max_tokens=2, t0=t0)
+
+        t0, res = asyncio.run(go())
+    recs = sorted(res["records"], key=lambda r: r["i"])
+    start = res["start"] - t0
+    assert [r["scheduled_s"] - start for r in recs] == pytest.approx(due.tolist(), abs=1e-9)
+    lags = sorted((r["sent_s"] - r["scheduled_s"]) * 1e3 for r in recs)
+    assert all(x > -2 for x in lags)  # never before its time (the loop's 1 ms timer resolution)
+    g = send_lag_figures(recs)
+    assert g["send_lag_ms_n"] == 4 and g["send_lag_ms_p50"] == pytest.approx((lags[1] + lags[2]) / 2)
+    assert g["send_lag_ms_mean"] == pytest.approx(sum(lags) / 4) and "send_lag_ms_p99" not in g  # < 100
+    many = [{"sent_s": i * 1e-3 + 0.5, "scheduled_s": 0.5} for i in range(101)]  # lags 0 … 100 ms
+    assert send_lag_figures(many)["send_lag_ms_p99"] == pytest.approx(99.0)

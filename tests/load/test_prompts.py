@@ -48,3 +48,35 @@ def test_prompts_of_a_group_share_exactly_their_prefix(tok):
                 assert common <= bos + 1
     with pytest.raises(ValueError, match="no room for a prompt's own part"):
         PromptBuilder(tok, 16, 0, prefix_tokens=15)
+
+
+def test_build_gives_any_length_exactly_and_stays_the_same_prompt_per_index_and_length(tok):
+    b = PromptBuilder(tok, 64, seed=4)
+    for n in (2, 33, 500):
+        assert count_tokens(tok, b.build(7, n)) == n
+    assert b.build(3, 64) == b(3)  # the builder's own length: the same prompt as before
+    assert b.build(3, 90) == PromptBuilder(tok, 64, seed=4).build(3, 90)
+    with pytest.raises(ValueError, match="no room"):
+        b.build(0, 1)
+    p = PromptBuilder(tok, 64, seed=4, prefix_tokens=20)
+    assert p.least() == count_tokens(tok, "") + 21
+    with pytest.raises(ValueError, match="20-token shared prefix"):
+        p.build(0, p.least() - 1)
+    assert count_tokens(tok, p.build(0, p.least())) == p.least()
+
+
+def test_prompts_naming_the_same_blocks_share_exactly_those_tokens(tok):
+    b = PromptBuilder(tok, 64, seed=5)
+    bos = count_tokens(tok, "")
+    # blocks of 16 tokens: (1, 2) shared by a and c, whose lengths cut their third block
+    a = tok(b.build(0, 60, blocks=[1, 2, 3, 4], block_tokens=16), add_special_tokens=True)["input_ids"]
+    c = tok(b.build(9, 41, blocks=[1, 2, 5], block_tokens=16), add_special_tokens=True)["input_ids"]
+    d = tok(b.build(0, 60, blocks=[7, 2, 3, 4], block_tokens=16), add_special_tokens=True)["input_ids"]
+    assert (len(a), len(c), len(d)) == (60, 41, 60)
+    common = next(k for k, (x, y) in enumerate(zip(a, c)) if x != y)
+    assert bos + 32 <= common < bos + 34  # blocks 1 and 2, then apart (beyond chance)
+    # another first block: nothing shared beyond chance (a prefix cache matches from the start)
+    assert next(k for k, (x, y) in enumerate(zip(a, d)) if x != y) <= bos + 1
+    # a block cut short is its first words: c's block 5 against a prompt holding all of it
+    full = tok(b.build(1, 64, blocks=[1, 2, 5, 6], block_tokens=16), add_special_tokens=True)["input_ids"]
+    assert c == full[:41]  # c is blocks 1, 2 and the first 41 - 32 - bos words of 5: no words of its own

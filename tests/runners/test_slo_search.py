@@ -163,3 +163,33 @@ def test_an_slo_no_load_meets_is_refused_by_saying_so(model, tmp_path):
                        r"tried 32, 16, 8"):
         _fake_search(model, tmp_path, "experiment.slo={e2e_ms: 5}", "experiment.lowest=8",
                      "experiment.start=32")
+
+
+@pytest.mark.fake_server
+def test_a_speedup_search_replays_a_trace_faster_until_the_slo_breaks(model, tmp_path):
+    # A trace of 12 requests 100 ms apart (10 req/s at speedup 1), replayed on the same
+    # one-slot server (≥ 30 ms a request): at speedup x they come 100 / x ms apart, and the
+    # 11th (the p90) waits 10 (s - 100 / x) ≥ 10 (30 - 20.8) = 92 ms at x = 4.8, over the 60 ms
+    # SLO: the answer is below 4.8 on any machine. Each probe's target is the trace's own
+    # rate, scaled: 11 gaps over 1.1 s / x = 10 x req/s.
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {100 * k}, "input_length": 16, "output_length": 4}}\n'
+                             for k in range(12)))
+    rec, summary = _fake_search(model, tmp_path, "experiment.search_over=speedup", "experiment.load=trace",
+                                f"experiment.trace.path={trace}", "experiment.start=1",
+                                "experiment.slo={ttft_ms: 60}", "experiment.max_probes=8",
+                                "experiment.max_client_lag_ms=1e9", "experiment.max_rate_error=0.5")
+    answer = summary["max_speedup_meeting_slo"]
+    assert 1 <= answer < 4.8, summary
+    loads, meets = rec.latest("probe_load"), rec.latest("probe_meets")
+    assert len(rec.children) == summary["probes"] == len(loads) >= 3
+    for (_, c), k in zip(rec.children, sorted(loads)):
+        x = loads[k]
+        (step,) = c.latest("scheduled_rate_req_s")
+        assert step == round(x * 1000) and c.latest("scheduled_rate_req_s")[step] == pytest.approx(10 * x)
+        assert c.latest("send_lag_ms_n")[step] == 12 and c.latest("completed")[step] == 12
+        assert c.tags["macro.load"].startswith(f"trace replay: {trace} at its own times")
+        p90 = c.latest("ttft_sched_ms_p90")[step]
+        assert bool(meets[k]) == (p90 <= 60 and c.latest("valid")[step] == 1.0), (x, p90)
+    assert answer == max(loads[k] for k, m in meets.items() if m)
+    assert rec.tags["slo_search.answer"].startswith(f"{answer:g} speedup (")

@@ -54,9 +54,11 @@ def test_view_lists_summaries_then_params_then_figures_flat_and_newest_first():
     state = ui_view.state_for("k25exp/macro")
     cols = state["selectedColumns"]
     assert cols[0] == "attributes.`Run Name`"
-    assert cols[1:5] == ["tags.`tpot_ms_p50 per c`", "tags.`tpot_ms_p50 per req/s`",
-                         "tags.`output_tok_s per c`", "tags.`output_tok_s per req/s`"]
-    assert cols[5:8] == [f"params.`{p}`" for p in MacroConfig.headline_params]
+    # a column per axis a level can be on: concurrency, rate, a trace's speedup
+    assert cols[1:7] == ["tags.`tpot_ms_p50 per c`", "tags.`tpot_ms_p50 per req/s`",
+                         "tags.`tpot_ms_p50 per speedup`", "tags.`output_tok_s per c`",
+                         "tags.`output_tok_s per req/s`", "tags.`output_tok_s per speedup`"]
+    assert cols[7:10] == [f"params.`{p}`" for p in MacroConfig.headline_params]
     metrics = [c for c in cols if c.startswith("metrics.")]
     assert metrics[-2:] == ["metrics.`tpot_ms_p50`", "metrics.`output_tok_s`"]  # the last level's
     # MLflow nests children under collapsed parents when sorted by start time or unfiltered,

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
+from k25exp.config.experiments.request_shapes import LengthConfig, TraceConfig
 from k25exp.config.experiments.speculative import SpeculativeSettings
 
 if TYPE_CHECKING:
@@ -76,12 +77,17 @@ class MacroConfig(Registered):
         "ttft_ms_p50", "output_tok_s", "goodput_req_s", "valid")
     headline_params: ClassVar[tuple[str, ...]] = ("experiment.load", "server.tp", "experiment.output_tokens")
     step_headline: ClassVar[tuple[str, ...]] = ("tpot_ms_p50", "output_tok_s")
-    step_axes: ClassVar[tuple[str, ...]] = ("c", "req/s")
+    step_axes: ClassVar[tuple[str, ...]] = ("c", "req/s", "speedup")
 
     name: str = "macro"  # the experiment's name: experiment=NAME selects conf/experiment/NAME.yaml
     _target_: str = "k25exp.runners.macro.run"
-    input_tokens: int = INPUT_TOKENS  # exact prompt length, counted by the served tokenizer
-    output_tokens: int = OUTPUT_TOKENS  # max_tokens with ignore_eos
+    input_tokens: int = INPUT_TOKENS  # prompt length (input_len's mean), counted by the served tokenizer
+    output_tokens: int = OUTPUT_TOKENS  # max_tokens with ignore_eos (output_len's mean)
+    # Each request's prompt and output length: fixed (the default: exactly input_tokens /
+    # output_tokens) or drawn per request (k25exp.load.lengths); the drawn lengths are each
+    # record's prompt_tokens_target and max_tokens.
+    input_len: LengthConfig = field(default_factory=LengthConfig)
+    output_len: LengthConfig = field(default_factory=LengthConfig)
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     warmup: int = 2  # requests sent before anything is measured; never in the figures
     single_stream_requests: int = 8  # one at a time; 0 skips the phase
@@ -93,12 +99,15 @@ class MacroConfig(Registered):
     # whatever the responses do, gamma gaps of shape `burstiness` (1 = Poisson, vLLM's
     # definition), at most `max_concurrency` in flight (null: 256, the client's own cap: one
     # socket per request in flight); step = rate × 1000 (MLflow steps are integers), the rate
-    # itself is the metric target_rate_req_s.
+    # itself is the metric target_rate_req_s. trace: the requests of experiment.trace at its
+    # own times divided by each experiment.trace.speedup (an open loop under the same cap);
+    # step = speedup × 1000.
     load: str = "closed"
     request_rate: List[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
     burstiness: float = 1.0
     max_concurrency: Optional[int] = None
-    # open: a level whose client sent more than this fraction off the drawn schedule's rate
+    trace: TraceConfig = field(default_factory=TraceConfig)  # load=trace: the trace replayed
+    # open, trace: a level whose client sent more than this fraction off the drawn schedule's rate
     # is flagged invalid (it measured the client's pace).
     max_rate_error: float = 0.05
     # open: scale each level's drawn schedule to realise request_rate exactly (n gaps are
@@ -166,23 +175,24 @@ class MacroConfig(Registered):
     # (step_of, step_label: inverses), the requests it is sent and the most in flight.
 
     def sweep_levels(self) -> list:
-        """The sweep's levels: concurrencies (closed loop) or request rates (open loop), the
-        first limit_points of them."""
-        levels = self.request_rate if self.load == "open" else self.concurrency
+        """The sweep's levels: concurrencies (closed loop), request rates (open loop) or a
+        trace's speedups, the first limit_points of them."""
+        levels = {"open": self.request_rate, "trace": self.trace.speedup}.get(self.load, self.concurrency)
         return list(levels[:self.limit_points])
 
     def step_axis(self) -> str:
-        """A level is a concurrency (closed loop) or a request rate (open loop)."""
-        return "req/s" if self.load == "open" else "c"
+        """A level is a concurrency (closed loop), a request rate (open loop) or a trace's
+        speedup."""
+        return {"open": "req/s", "trace": "speedup"}.get(self.load, "c")
 
     def step_of(self, level: float) -> int:
-        """The MLflow step a level's figures go to: its concurrency, or its rate × 1000 (MLflow
-        steps are integers); step_label reads it back."""
-        return int(round(level * 1000)) if self.load == "open" else int(level)
+        """The MLflow step a level's figures go to: its concurrency, or its rate or speedup ×
+        1000 (MLflow steps are integers); step_label reads it back."""
+        return int(round(level * 1000)) if self.load in ("open", "trace") else int(level)
 
     def step_label(self, step: int) -> str:
-        """The concurrency, or the rate (open loop: step = rate × 1000); step_of's inverse."""
-        return f"{step / 1000:g}" if self.load == "open" else str(step)
+        """The concurrency, or the rate or speedup (step = either × 1000); step_of's inverse."""
+        return f"{step / 1000:g}" if self.load in ("open", "trace") else str(step)
 
     def requests_for(self, level: float) -> int:
         """Requests at a level: experiment.requests, else `rounds` rounds of the closed loop's
@@ -193,10 +203,10 @@ class MacroConfig(Registered):
 
     def max_in_flight(self) -> int:
         """The most requests a phase has in flight: the closed loop's largest concurrency, or
-        the open loop's cap (experiment.max_concurrency, else OPEN_LOOP_CAP). The client's
-        connection pool is sized above it, so no request waits inside the HTTP library, where
-        the wait would land in its TTFT."""
-        if self.load == "open":
+        the open loop's (and a trace's) cap (experiment.max_concurrency, else OPEN_LOOP_CAP).
+        The client's connection pool is sized above it, so no request waits inside the HTTP
+        library, where the wait would land in its TTFT."""
+        if self.load in ("open", "trace"):
             return self.max_concurrency or OPEN_LOOP_CAP
         return max(self.concurrency)
 
@@ -229,8 +239,18 @@ class MacroConfig(Registered):
             v = getattr(self, key)
             if v is not None and v <= 0:
                 problems.append(f"experiment.{key}={v}: expected a positive number or null")
-        if self.load not in ("closed", "open"):
-            problems.append(f"experiment.load={self.load!r}: expected closed or open")
+        if self.load not in ("closed", "open", "trace"):
+            problems.append(f"experiment.load={self.load!r}: expected closed, open or trace")
+        self.input_len.problems("experiment.input_len", "experiment.input_tokens", self.input_tokens, problems)
+        self.output_len.problems("experiment.output_len", "experiment.output_tokens", self.output_tokens,
+                                 problems)
+        if self.load == "trace":
+            self.trace.problems(problems)
+            for key in ("duration_s", "prefix_tokens"):
+                if getattr(self, key):
+                    problems.append(f"experiment.{key}={getattr(self, key)} with experiment.load=trace: "
+                                    "the trace says what is sent and what prompts share (set it to "
+                                    f"{'null' if key == 'duration_s' else 0})")
         if self.load == "open":
             if not self.request_rate or any(not r > 0 for r in self.request_rate):
                 problems.append(f"experiment.request_rate={self.request_rate}: expected a non-empty list of "
@@ -239,6 +259,7 @@ class MacroConfig(Registered):
                 problems.append(f"experiment.request_rate={self.request_rate}: rates must be distinct (each is a step)")
             if not self.burstiness > 0:
                 problems.append(f"experiment.burstiness={self.burstiness}: expected > 0 (1 = Poisson)")
+        if self.load in ("open", "trace"):  # both send on a schedule, under a cap
             if self.max_concurrency is not None and self.max_concurrency < 1:
                 problems.append(f"experiment.max_concurrency={self.max_concurrency}: expected >= 1 or null")
             if not 0 < self.max_rate_error < 1:
@@ -318,6 +339,9 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
                 ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')", problems)
         if self.spec_repeats < 1:
             problems.append(f"experiment.spec_repeats={self.spec_repeats}: expected >= 1")
+        if self.load == "trace":  # its per-level speedups are logged at the concurrency or rate
+            problems.append("experiment.load=trace: spec_decode measures a closed or an open loop "
+                            "(use experiment=macro to replay a trace, on each server setting)")
 
 
 @experiment
@@ -344,7 +368,7 @@ class SloSearchConfig(MacroConfig):
 
     name: str = "slo_search"
     _target_: str = "k25exp.runners.slo_search.run"
-    search_over: str = "rate"  # rate (open loop) | concurrency (closed loop)
+    search_over: str = "rate"  # rate (open loop) | concurrency (closed loop) | speedup (load=trace)
     load: str = "open"  # follows search_over (validated)
     percentile: int = 90  # 50 | 90 | 99 of each SLO metric
     start: float = 1.0  # first probe (req/s or concurrency)
@@ -366,11 +390,13 @@ class SloSearchConfig(MacroConfig):
         super().check(cfg, problems)
         from k25exp.stats import min_samples
 
-        if self.search_over not in ("rate", "concurrency"):
-            problems.append(f"experiment.search_over={self.search_over!r}: expected rate or concurrency")
-        elif self.load != ("open" if self.search_over == "rate" else "closed"):
+        loads = {"rate": "open", "concurrency": "closed", "speedup": "trace"}
+        if self.search_over not in loads:
+            problems.append(f"experiment.search_over={self.search_over!r}: expected rate, concurrency or speedup")
+        elif self.load != loads[self.search_over]:
             problems.append(f"experiment.load={self.load!r} with search_over={self.search_over}: a rate search "
-                            "runs the open loop, a concurrency search the closed loop")
+                            "runs the open loop, a concurrency search the closed loop, a speedup search "
+                            "a trace (load=trace)")
         if not self.slo.bounds():
             problems.append("experiment.slo: no bound set; expected at least one of "
                             + str(sorted(f.name for f in fields(SloConfig)))
@@ -380,7 +406,7 @@ class SloSearchConfig(MacroConfig):
         else:
             need = min_samples(self.percentile)
             n = self.requests if self.requests is not None else self.min_requests
-            if n < need:
+            if n < need and self.load != "trace":  # a trace's probes send its lines
                 problems.append(f"experiment.min_requests / requests = {n}: p{self.percentile} needs at least "
                                 f"{need} requests per probe")
         if not 0 < self.lowest <= self.start <= self.highest:
