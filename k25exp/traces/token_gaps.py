@@ -109,10 +109,19 @@ class ClientClock:
         return ((self.wall_t1_ns - self.wall_t0_ns) - (self.perf_t1 - self.perf_t0) * 1e9) / 1e3
 
     def wall_ns(self, rel_s: float) -> float:
-        """The system clock (ns) at `rel_s` seconds after t0, slew interpolated."""
+        """The system clock (ns) at `rel_s` seconds after t0, slew interpolated (a float:
+        ~256 ns resolution at today's epoch; `ms_after` keeps ns)."""
+        return self.wall_t0_ns + self._ns(rel_s)
+
+    def ms_after(self, zero_ns: int, rel_s: float) -> float:
+        """ms from the system clock's `zero_ns` to `rel_s` seconds after t0 (exact ints first,
+        so no precision is lost to the epoch's magnitude)."""
+        return ((self.wall_t0_ns - zero_ns) + self._ns(rel_s)) / 1e6
+
+    def _ns(self, rel_s: float) -> float:
         span = (self.perf_t1 - self.perf_t0) if self.perf_t1 is not None else 0.0
         slope = 1.0 + (self.drift_us * 1e3 / (span * 1e9) if span > 0 else 0.0)
-        return self.wall_t0_ns + rel_s * 1e9 * slope
+        return rel_s * 1e9 * slope
 
     def to_dict(self) -> dict:
         return {"perf_t0": self.perf_t0, "wall_t0_ns": self.wall_t0_ns, "pair_ns": self.pair_ns,
@@ -216,9 +225,8 @@ def client_requests(records: Sequence[dict], clock: ClientClock, zero_ns: int) -
         if not r.get("ok") or not r.get("chunk_s"):
             continue
         try:
-            send = (clock.wall_ns(float(r["sent_s"])) - zero_ns) / 1e6
-            arr = np.array([(clock.wall_ns(float(r["sent_s"]) + c) - zero_ns) / 1e6
-                            for c in r["chunk_s"]])
+            send = clock.ms_after(zero_ns, float(r["sent_s"]))
+            arr = np.array([clock.ms_after(zero_ns, float(r["sent_s"]) + c) for c in r["chunk_s"]])
             tok = np.array(r.get("chunk_tokens") or [1] * len(r["chunk_s"]), dtype=np.int64)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"request record {r.get('i')!r}: expected sent_s, chunk_s and "
