@@ -51,7 +51,7 @@ async def _drive(url: str) -> tuple[list[dict], ClientClock]:
     return list(recs), clock.finish()
 
 
-def _expected(stub) -> dict[tuple[int, int], str]:
+def expected(stub) -> dict[tuple[int, int], str]:
     """(request, chunk) → the cause its injection gave it, from the stub's log: each request's
     token made at the injected step (its chunk index = its token index: one token a chunk)."""
     decoded = {row["step"]: row["decoded"] for row in stub.log}
@@ -74,12 +74,12 @@ def _expected(stub) -> dict[tuple[int, int], str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
+def capture(folder):
+    """The scenario run once: (stub, records, client clock, the stub's trace read back)."""
     with EngineThread(step_s=STEP_S, host_s=HOST_S, prefill_s_per_token=PREFILL_S_PER_TOKEN,
                       injections=INJECTED) as stub:
         recs, clock = asyncio.run(_drive(stub.base_url))
-        path = stub.write_trace(tmp_path_factory.mktemp("trace") / "stub_rank0.pt.trace.json.gz")
+        path = stub.write_trace(folder / "stub_rank0.pt.trace.json.gz")
     assert all(r["ok"] for r in recs), [r["error"] for r in recs if not r["ok"]]
     # the long requests arrived in the order sent: the stub's ordinal is the record's i
     admitted = [row["admitted"] for row in stub.log if row["admitted"]]
@@ -89,6 +89,11 @@ def captured(tmp_path_factory):
     return stub, recs, clock, read_trace(path)
 
 
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    return capture(tmp_path_factory.mktemp("trace"))
+
+
 def test_every_injected_slow_token_carries_its_injected_cause(captured, tmp_path):
     stub, recs, clock, trace = captured
     j = join(engine_steps(trace), recs, clock)
@@ -96,7 +101,7 @@ def test_every_injected_slow_token_carries_its_injected_cause(captured, tmp_path
     # the join put in every decoding step exactly the requests the stub ran in it
     assert j.batch_match[0] == j.batch_match[1] > 50
     t = tail(j, threshold_ms=THRESHOLD_MS)
-    want = _expected(stub)
+    want = expected(stub)
     # by hand: 6 in the long step, 1 skipped, 1 held, 6 after the host gap, 6 in the burst
     # (and those of any early step that happened to admit two requests at once)
     assert sorted(want.values()).count("long_step") == 6
@@ -135,6 +140,6 @@ def test_at_the_level_p99_every_tail_gap_is_an_injected_one(captured):
     stub, recs, clock, trace = captured
     t = tail(join(engine_steps(trace), recs, clock))
     assert t.p99_ms is not None and t.n >= 100
-    want = _expected(stub)
+    want = expected(stub)
     assert t.gaps and all(want.get((g.gap.request, g.gap.chunk)) == g.cause for g in t.gaps)
     assert t.caused_pct() >= 95
