@@ -26,6 +26,7 @@ from k25exp.load.level_figures import goodput, level_figures, rate_figures, tpot
 from k25exp.load.progress import Progress
 from k25exp.load.shards import ShardPool, Prompts, auto_processes
 from k25exp.load.stalls import StallRule
+from k25exp.load.tail_client import client_tail
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,10 @@ class Phases:
             figs.update(max(rf, key=lambda f: (f["rate_missed"], abs(f.get("rate_error_pct") or 0))))
             figs["valid"] = float(figs["valid"] and not figs["rate_missed"])
         figs.update(goodput(res["records"], res["wall_s"], exp.slo.bounds()))
+        # the ITL tail by cause, as far as the records tell without a trace (stalls marked above)
+        ct = client_tail(res["records"], prefill_us_per_token=figs.get("prefill_shared_us_per_token"))
+        if ct is not None:
+            figs.update(ct.metrics())
         self.write(res)
         return figs
 
