@@ -12,9 +12,12 @@ them; times on the client's clock), its excess over the level's median ITL goes 
             (at least half of them): the engine stepped, this request was not in its steps
             (waiting, preempted)
   prefill   no one else received a token inside it either, and another request's first token
-            (its prefill's end) came in the gap: a shared prefill; with the level's fitted
-            cost per prompt token (level_figures.decode_prefills: prefill_shared_us_per_token)
-            the prefill holds that many ms, the rest goes to engine
+            (its prefill's end) came in the gap or with its end (within 0.6 of a median gap
+            after it: one step's outputs reach the client over a few ms): a shared prefill, the
+            gap's cause; with the level's fitted cost per prompt token
+            (level_figures.decode_prefills: prefill_shared_us_per_token) the prefill holds that
+            many ms of it, the rest goes to engine (the fit averages over every request's
+            decode steps: it can price a prefill under what the step that ran it took)
   engine    no one else received a token inside it, no prefill ended in it: the engine paused
             every request, in a long step or a host gap
 
@@ -123,8 +126,9 @@ def client_tail(records: Sequence[dict], threshold_ms: Optional[float] = None,
             others = [i for i in range(len(reqs)) if i != k and firsts[i] <= lo and lasts[i] >= hi]
             inside = sum(1 for i in others
                          if np.any((reqs[i][1] > lo + margin) & (reqs[i][1] < hi - margin)))
-            # a first token that came with this one was made in the same step
-            pre = [i for i in range(len(reqs)) if i != k and lo < firsts[i] <= hi + margin]
+            # a first token that came with this one was made in the same step: one step's
+            # outputs reach the client over a few ms (the API server streams them in turn)
+            pre = [i for i in range(len(reqs)) if i != k and lo < firsts[i] <= hi + 0.6 * p50]
             excess = max(0.0, g - p50)
             parts = dict.fromkeys(CAUSES, 0.0)
             if burst:
@@ -137,7 +141,6 @@ def client_tail(records: Sequence[dict], threshold_ms: Optional[float] = None,
                     est = min(excess, float(prompts[pre].sum()) * prefill_us_per_token / 1e3)
                     parts["engine"] = excess - est
                     parts["prefill"] = est
-                    cause = max(("prefill", "engine"), key=lambda c: parts[c])
             else:
                 cause = "engine"
             if not any(parts.values()):
