@@ -24,7 +24,7 @@ from k25exp.load.tail_client import agreement, client_tail
 from k25exp.load.level_figures import decode_prefills
 from k25exp.traces import read_trace
 from k25exp.traces.tail_causes import tail
-from k25exp.traces.tail_outputs import causes_table, write_tail
+from k25exp.traces.tail_outputs import causes_table, step_categories, write_tail
 from k25exp.traces.token_gaps import ClientClock, engine_steps, join
 from k25exp.tracking.recorder import Recorder
 
@@ -55,10 +55,16 @@ def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock, out
     """The tail by cause (module docstring); {} with a tag saying why where it cannot be."""
     try:
         stalls.mark(records)
-        steps = engine_steps(read_trace(lowest_rank(traces)))
+        trace = read_trace(lowest_rank(traces))
+        steps, offset = engine_steps(trace), trace.clock_offset_ns
+        del trace  # its events: only the steps are needed from here
         j = join(steps, records, clock)
         t = tail(j)
-        metrics = write_tail(t, out / "tail")
+        # what grew in a slow token's step, where the breakdown analysed it
+        found = sorted((out / "breakdown").glob("steps_rank*.csv"),
+                       key=lambda p: int(re.sub(r"\D", "", p.stem) or 1 << 30))
+        cats = step_categories(found[0], offset, steps) if found else {}
+        metrics = write_tail(t, out / "tail", categories=cats)
         by_trace = {(g.gap.request, g.gap.chunk): g.cause for g in t.gaps}
         fit = decode_prefills(records)
         ct = client_tail(records, t.threshold_ms, fit.get("prefill_shared_us_per_token"))

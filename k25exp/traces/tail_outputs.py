@@ -7,7 +7,8 @@ the worst requests' timelines.
                            its ms of their excess over the median ITL and its share
     tail_gaps.csv          every tail gap: request, chunk, gap, excess, each cause's ms, the
                            cause, its joined parts (own step, host gap, ...), the step's kind
-                           and batch (decode requests, prefill tokens)
+                           and batch (decode requests, prefill tokens) and, where the breakdown
+                           analysed that step, what grew in it (its categories over the median)
     token_gaps.csv.gz      every gap of the level joined to its steps (parts, delivery delay)
     steps.csv              every engine step on the timeline (ms): start, done, kind, batch
     timeline.png           the worst requests: the steps around their worst gap (what each
@@ -24,6 +25,8 @@ import gzip
 import io
 import json
 from pathlib import Path
+
+import numpy as np
 
 from k25exp import tables
 from k25exp.tables import Column
@@ -53,7 +56,39 @@ GAP_HEADER = ["request", "chunk", "tokens", "gap_ms", "step", "prev_step", *Gap.
               "deliver_ms", "skipped_steps", "stall"]
 
 
-def write_tail(t: Tail, out: Path, worst: int = 3) -> dict[str, float]:
+def step_categories(steps_csv: Path, offset_ns: int, steps) -> dict[int, dict[str, float]]:
+    """The breakdown's categories (ms) of the steps it analysed (its steps_<rank>.csv, start
+    in µs on the trace's zero), by engine step index (k25exp.traces.token_gaps.EngineStep,
+    on the system clock: `offset_ns` = the trace's Trace.clock_offset_ns)."""
+    by_start = {round((s.start_ns - offset_ns) / 1e3): s.index for s in steps}
+    out: dict[int, dict[str, float]] = {}
+    with open(steps_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            i = by_start.get(round(float(row["start_us"])))
+            if i is not None:
+                out[i] = {k[:-3]: float(v) / 1e3 for k, v in row.items()
+                          if k.endswith("_us") and k not in ("start_us", "dur_us", "work_us")
+                          and not k.startswith("comm_wait") and not k.startswith("comm_transport") and v}
+    return out
+
+
+def grew(cats: dict[int, dict[str, float]], step: int, top: int = 2) -> str:
+    """What made an analysed step longer than the median analysed step: its categories' ms
+    above each one's median, the largest `top` ("moe +3.1 ms, attention +0.8 ms"); "" when
+    the breakdown did not analyse it."""
+    if step not in cats or len(cats) < 3:
+        return ""
+    names = cats[step].keys()
+    med = {c: float(np.median([v.get(c, 0.0) for v in cats.values()])) for c in names}
+    up = sorted(((cats[step][c] - med[c], c) for c in names), reverse=True)[:top]
+    return ", ".join(f"{c} +{d:.1f} ms" for d, c in up if d >= 0.05)
+
+
+def write_tail(t: Tail, out: Path, worst: int = 3,
+               categories: dict[int, dict[str, float]] | None = None) -> dict[str, float]:
+    """`categories`: the breakdown's categories of the steps it analysed (step_categories):
+    what grew in each tail gap's own step, when it was analysed (tail_gaps.csv, worst.txt)."""
+    cats = categories or {}
     out.mkdir(parents=True, exist_ok=True)
     text = causes_table(t)
     (out / "causes.txt").write_text(text + "".join(f"# note: {n}\n" for n in t.notes))
@@ -65,14 +100,16 @@ def write_tail(t: Tail, out: Path, worst: int = 3) -> dict[str, float]:
     with open(out / "tail_gaps.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(GAP_HEADER + ["excess_ms", *[f"{c}_ms" for c in ALL], "cause", "above_p99",
-                                 "step_kind", "step_decode_requests", "step_prefill_tokens"])
+                                 "step_kind", "step_decode_requests", "step_prefill_tokens",
+                                 "step_grew"])
         for tg in sorted(t.gaps, key=lambda x: -x.gap.gap_ms):
             st = steps[tg.gap.step] if tg.gap.step >= 0 else None
             w.writerow(_gap_fields(tg.gap) + [round(tg.excess_ms, 4),
                                               *(round(tg.parts[c], 4) for c in ALL), tg.cause,
                                               int(tg.above_p99), st.kind if st else "",
                                               st.info.generation_requests if st else "",
-                                              (st.info.context_tokens or 0) if st else ""])
+                                              (st.info.context_tokens or 0) if st else "",
+                                              grew(cats, tg.gap.step) if st else ""])
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(GAP_HEADER)
@@ -94,13 +131,14 @@ def write_tail(t: Tail, out: Path, worst: int = 3) -> dict[str, float]:
          "drift_us": al.drift_us, "note": al.note, "zero_ns": t.join.zero_ns}, indent=1))
     worst_gaps = _worst(t, worst)
     if worst_gaps:
-        (out / "worst.txt").write_text(timeline_text(t, worst_gaps[0]))
+        (out / "worst.txt").write_text(timeline_text(t, worst_gaps[0], cats))
         plot_timelines(out / "timeline.png", t, worst_gaps)
     return {**t.metrics(), **al.metrics()}
 
 
 def _worst(t: Tail, n: int) -> list[TailGap]:
-    """The worst joined tail gap of each of the n requests whose worst gap is longest."""
+    """n requests' worst joined tail gaps: the worst of each cause first (the longest gap
+    first), then the longest of the rest, one per request."""
     best: dict[int, TailGap] = {}
     for tg in t.gaps:
         if tg.gap.step < 0:
@@ -108,7 +146,13 @@ def _worst(t: Tail, n: int) -> list[TailGap]:
         cur = best.get(tg.gap.request)
         if cur is None or tg.gap.gap_ms > cur.gap.gap_ms:
             best[tg.gap.request] = tg
-    return sorted(best.values(), key=lambda x: -x.gap.gap_ms)[:n]
+    ranked = sorted(best.values(), key=lambda x: -x.gap.gap_ms)
+    out: list[TailGap] = []
+    for tg in ranked:
+        if tg.cause not in {x.cause for x in out}:
+            out.append(tg)
+    out += [tg for tg in ranked if tg not in out]
+    return sorted(out[:n], key=lambda x: -x.gap.gap_ms)
 
 
 def _role(t: Tail, tg: TailGap, i: int) -> str:
@@ -127,7 +171,8 @@ def _role(t: Tail, tg: TailGap, i: int) -> str:
     return ""
 
 
-def timeline_text(t: Tail, tg: TailGap, context: int = 2) -> str:
+def timeline_text(t: Tail, tg: TailGap, cats: dict[int, dict[str, float]] | None = None,
+                  context: int = 2) -> str:
     """The steps from `context` before the gap's previous step to `context` after its own,
     and the request's chunks in that span (ms from the previous chunk's arrival)."""
     g, j = tg.gap, t.join
@@ -139,6 +184,8 @@ def timeline_text(t: Tail, tg: TailGap, context: int = 2) -> str:
              f"threshold {t.threshold_ms:.1f}), excess {tg.excess_ms:.1f} ms, cause {tg.cause}",
              "  excess by cause (ms): " + ", ".join(f"{c} {tg.parts[c]:.1f}" for c in ALL if tg.parts[c]),
              "  gap parts (ms): " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in g.parts().items()),
+             *([f"  its step grew (breakdown categories over the median analysed step): {x}"]
+               if (x := grew(cats or {}, g.step)) else []),
              f"  times in ms from chunk {g.chunk - 1}'s arrival; request in a step: inferred",
              f"  {'step':>6} {'start':>9} {'done':>9} {'ms':>7}  {'kind':<8}{'decode':>7}"
              f"{'prefill_tok':>12}  for this request"]
@@ -188,9 +235,9 @@ def plot_timelines(path: Path, t: Tail, worst: list[TailGap], context: int = 3) 
         ax.set_ylim(-0.6, 1.7)
         ax.set_xlim(min(x0, 0) - 2, max(x1, g.gap_ms) + 2)
         ax.grid(True, axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("ms from the previous chunk's arrival\nsteps: blue decode, orange decode "
-                           "+ prefill, red prefill only, grey empty; hatched: skipped, crossed: "
-                           "merged, bold: made the token; grey arrow: its delivery")
+    axes[-1, 0].set_xlabel("ms from the previous chunk's arrival\nsteps: blue decode, orange "
+                           "+ prefill, red prefill only, grey empty; hatched skipped, crossed "
+                           "merged, bold made the token; grey arrow: delivery")
     fig.tight_layout()
     return save(fig, path)
 

@@ -5,6 +5,7 @@ profiled level is injected 150 ms long, and the run logs the tail, the clock and
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -57,6 +58,9 @@ def test_the_profiled_tail_is_joined_to_the_steps_and_logged(model, tmp_path):
     for f in ("causes.txt", "causes.csv", "tail_gaps.csv", "token_gaps.csv.gz", "steps.csv",
               "timeline.png", "worst.txt", "clock.json"):
         assert (out / "tail" / f).stat().st_size > 0, f
+    # what grew in the slow step: the stub's one operator (aten::mm), 150 ms over the median
+    rows = list(csv.DictReader(open(out / "tail" / "tail_gaps.csv")))
+    assert rows and all(r["step_grew"].startswith("gemm_dense +15") for r in rows), rows[0]
     clock = json.loads((out / "clock.json").read_text())
     assert clock["wall_t1_ns"] > clock["wall_t0_ns"]
     assert "inferred" in rec.tags["tail.note"]
