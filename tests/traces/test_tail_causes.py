@@ -30,23 +30,26 @@ INJECTED = {15: Injection(slow_ms=150),              # a long step: every reques
             10: Injection(admit_at=46)}              # arrivals wait for step 46: a burst of prefills
 
 
-async def _drive(url: str) -> tuple[list[dict], ClientClock]:
+async def _drive(stub) -> tuple[list[dict], ClientClock]:
     t0 = time.perf_counter()
     clock = ClientClock.start(t0)
-    async with CompletionClient(url, "stub", timeout_s=60,
+    async with CompletionClient(stub.base_url, "stub", timeout_s=60,
                                 max_connections=LONG + BURST + 2) as client:
         client.prepare(LONG + BURST)
         await client.warm()
 
-        async def one(i: int, due: float, out: int) -> dict:
+        async def one(i: int, due: float, out: int, after_step: int = 0) -> dict:
             await asyncio.sleep(max(0.0, t0 + due - time.perf_counter()))
+            while stub._step < after_step:  # the stub's own step count: no race with its pace
+                await asyncio.sleep(0.005)
             rec = {"i": i}
             await client.complete("w " * PROMPT, out, rec, t0)
             return rec
 
-        # the long requests 60 ms apart (arrival order = i), the burst together once they run
+        # the long requests 60 ms apart (arrival order = i), the burst together once the
+        # stub holds arrivals back (steps 10-45)
         plan = [one(i, 0.06 * i, LONG_OUT) for i in range(LONG)]
-        plan += [one(LONG + b, 0.7, BURST_OUT) for b in range(BURST)]
+        plan += [one(LONG + b, 0.0, BURST_OUT, after_step=12) for b in range(BURST)]
         recs = await asyncio.gather(*plan)
     return list(recs), clock.finish()
 
@@ -78,7 +81,7 @@ def capture(folder):
     """The scenario run once: (stub, records, client clock, the stub's trace read back)."""
     with EngineThread(step_s=STEP_S, host_s=HOST_S, prefill_s_per_token=PREFILL_S_PER_TOKEN,
                       injections=INJECTED) as stub:
-        recs, clock = asyncio.run(_drive(stub.base_url))
+        recs, clock = asyncio.run(_drive(stub))
         path = stub.write_trace(folder / "stub_rank0.pt.trace.json.gz")
     assert all(r["ok"] for r in recs), [r["error"] for r in recs if not r["ok"]]
     # the long requests arrived in the order sent: the stub's ordinal is the record's i
