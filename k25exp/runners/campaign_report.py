@@ -2,7 +2,8 @@
 
 Reads the latest finished run of each phase of one campaign, computes the decode-time budget,
 the step reconciled and TPOT predicted, the collectives against the link, the
-expert-parallelism break-even and the speculative-decoding projection, and writes
+expert-parallelism break-even, the speculative-decoding projection and the ITL tail by cause,
+and writes
 report.md (+ plots/) and a self-contained report.html into the job folder (logged with the
 run) and into <paths.outputs>/reports/<campaign>/. Prints the headline table.
 """
@@ -20,7 +21,7 @@ from typing import Sequence
 from k25exp.config.experiments import ReportConfig
 from k25exp.config.schema import K25Config
 from k25exp.report import (budget, expert_parallel, link, predict, provenance, reconcile, render,
-                           scale_out, spec_sweep, speculative)
+                           scale_out, spec_sweep, speculative, tail)
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section
 from k25exp.report.sources import latest_campaign, load_campaign
@@ -63,7 +64,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     sections: list[Section] = [
         budget.decode_budget(c, exp.gemm_kernel), recon, pred, link.collectives(c),
         expert_parallel.expert_parallel(c), speculative.speculative(c),
-        spec_sweep.spec_sweep(c, exp.alphas)]
+        spec_sweep.spec_sweep(c, exp.alphas), tail.tail_section(c)]
     if scaled is not None:
         sections.insert(3, scaled)
     if refused:  # refused by name, never summed

@@ -77,6 +77,8 @@ LEVEL_METRICS = {  # logged at step = concurrency
     # the other requests' prefills a decode step shared (level_figures.decode_prefills)
     "prefills_per_decode_step", "prefill_tokens_per_decode_step",
     "decode_only_tpot_ms", "prefill_shared_us_per_token", "prefill_fit_n",
+    # what the ITL tail's causes can be told from without a trace (load.tail_client: tail_client.*)
+    "server_preemptions", "server_itl_ms_p99_le", "server_itl_n",
 }
 
 
@@ -113,7 +115,7 @@ SINGLE_STREAM = {
 
 def _level_metric(key: str) -> bool:
     return (key in LEVEL_METRICS or "_rep_" in key
-            or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms"))
+            or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms", "tail_client."))
             or (key.endswith(("_n", "_p50_ci_lo", "_p50_ci_hi")) and key.startswith(
                 ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))))
 

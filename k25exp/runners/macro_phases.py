@@ -28,6 +28,7 @@ from k25exp.load.level_figures import (goodput, level_figures, rate_figures, sen
 from k25exp.load.progress import Progress
 from k25exp.load.shards import ShardPool, Prompts, auto_processes
 from k25exp.load.stalls import StallRule
+from k25exp.load.tail_client import client_tail
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,10 @@ class Phases:
         if res.get("rate") is not None or res.get("scheduled"):  # sent on a schedule: how closely
             figs.update(send_lag_figures(res["records"]))
         figs.update(goodput(res["records"], res["wall_s"], exp.slo.bounds()))
+        # the ITL tail by cause, as far as the records tell without a trace (stalls marked above)
+        ct = client_tail(res["records"], prefill_us_per_token=figs.get("prefill_shared_us_per_token"))
+        if ct is not None:
+            figs.update(ct.metrics())
         self.write(res)
         return figs
 

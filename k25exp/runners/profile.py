@@ -9,6 +9,9 @@ against the macro's, and its decode-only TPOT, which gives the profiler's overhe
 (blocks while every rank flushes) → every trace written since the window opened is copied
 into the run (traces/) and analysed (k25exp.traces). The profiled requests' latencies are
 recorded (requests.jsonl) but never logged as figures: the profiler slows the server down.
+What their tail is made of is: each of their tokens joined to the captured steps on one clock
+(the client reads its clock against the system clock the trace is stamped on: clock.json),
+and every gap of the ITL tail given a cause (tail.*, clock.*: k25exp.runners.profile_tail).
 Then, on the idle server, the step's collectives at tokens =
 concurrency are timed inside its TP workers (server_burst_*, k25exp.serving.collective_probe):
 the same burst the nccl_burst phase times in processes of its own, so the report can tell
@@ -34,6 +37,7 @@ from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
 from k25exp.gemm.floor import decode_floor
 from k25exp.model import routing
+from k25exp.runners.profile_tail import CLOCK_FILE, profiled_records, save_clock, tail_of
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving import collective_probe
 from k25exp.serving.answers import refuse_html
@@ -43,6 +47,7 @@ from k25exp.load.level_figures import decode_prefills
 from k25exp.load.prompts import PromptBuilder, load_tokenizer
 from k25exp.serving.server import Connection, ServerError
 from k25exp.traces import analyze, step_phases, summary_text, write_outputs
+from k25exp.traces.token_gaps import ClientClock
 from k25exp.tracking.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -66,10 +71,11 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     conn = connect_server(cfg)
     record_server(cfg, conn, rec)
     rec.set_tags({"profile.note": "latencies under the profiler are not performance figures "
-                  "and are not logged; see experiment=macro",
+                  "and are not logged (only what the ITL tail is made of: tail.*); see "
+                  "experiment=macro",
                   "profile.trace_dir": str(trace_dir)})
     try:
-        window_s, stop_s, since, plain = asyncio.run(_capture(cfg, conn, out))
+        window_s, stop_s, since, plain, profiled, clock = asyncio.run(_capture(cfg, conn, out))
     finally:
         copy_server_log(conn, out)
     rec.log_metrics({"profile_window_s": window_s, "stop_profile_s": stop_s,
@@ -87,7 +93,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     metrics = breakdown(copies, exp, out, rec)
     floor = step_floor(cfg, metrics, rec)
     rec.log_metrics(floor)
-    return {**metrics, **floor, **burst}
+    # the profiled tokens joined to the steps: the ITL tail by cause (k25exp.runners.profile_tail)
+    return {**metrics, **floor, **burst, **tail_of(copies, profiled, clock, out, rec)}
 
 
 SERVER_BURST_TIMING = (
@@ -205,7 +212,7 @@ def unprofiled_tpot(records: list[dict]) -> dict[str, float]:
 
 
 async def _capture(cfg: K25Config, conn: Connection, out: Path
-                   ) -> tuple[float, float, float, list[dict]]:
+                   ) -> tuple[float, float, float, list[dict], list[dict], ClientClock]:
     exp: ProfileConfig = cfg.experiment
     tok_path = cfg.server.tokenizer or conn.info.get("model_path")
     if not tok_path:
@@ -214,6 +221,7 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path
                            exp.input_tokens, exp.seed)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    clock = ClientClock.start(t0)  # the records' clock against the trace's (token_gaps)
     with open(out / "requests.jsonl", "wb") as jsonl:
         def keep(r: dict) -> None:
             jsonl.write(orjson.dumps(r) + b"\n")
@@ -243,12 +251,14 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path
             s0 = time.perf_counter()
             await _post(http, "/stop_profile", exp.stop_timeout_s)
             stop_s = time.perf_counter() - s0
+    clock = clock.finish()
+    save_clock(out, clock)
     failed = [r for r in res["records"] if not r["ok"]]
     if failed:
         raise ProfileError(f"{len(failed)} of {len(res['records'])} profiled requests failed: "
                            f"{failed[0].get('error')}")
     log.info("profile window %.1f s, /stop_profile %.1f s", window_s, stop_s)
-    return window_s, stop_s, since, plain["records"]
+    return window_s, stop_s, since, plain["records"], res["records"], clock
 
 
 async def _post(http: httpx.AsyncClient, path: str, timeout_s: float) -> None:
@@ -273,4 +283,9 @@ def recover(out: Path, rec: Recorder) -> str:
     if not traces:
         return "nothing: no traces/ (the job died before its capture was copied)"
     breakdown(traces, typed_from_folder(out).experiment, out, rec)
+    if (out / CLOCK_FILE).exists() and (out / "requests.jsonl").exists():
+        tail_of(traces, profiled_records(out), ClientClock.from_dict(
+            orjson.loads((out / CLOCK_FILE).read_bytes())), out, rec)
+        return (f"breakdown of {len(traces)} trace(s) in traces/ (k25exp.traces) and the ITL "
+                "tail by cause (k25exp.runners.profile_tail), as the job would have")
     return f"breakdown of {len(traces)} trace(s) in traces/ (k25exp.traces), as the job would have"

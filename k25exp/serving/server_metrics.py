@@ -12,6 +12,16 @@ engine measured it (no network, no client in it):
     server_itl_ms_mean   vllm:inter_token_latency_seconds
     server_e2e_ms_mean   vllm:e2e_request_latency_seconds
 
+What a tail's causes can be told from without a trace (k25exp.load.tail_client), over the
+same interval:
+
+    server_preemptions    requests the engine preempted (vllm:num_preemptions): 0 says no
+                          request was left out of steps by preemption (waiting still can)
+    server_itl_ms_p99_le  the bucket bound of vllm:inter_token_latency_seconds (the engine's
+                          own gaps, engine-core timestamps: no delivery in them) below which
+                          99 % of the interval's gaps stayed; server_itl_n of them (logged with
+                          ≥ 100 gaps, and only when that bound is finite)
+
 Speculative decoding (counters, only on a server started with --speculative-config), over
 the same interval and with vLLM's own definitions (vllm/v1/spec_decode/metrics.py):
 
@@ -44,6 +54,8 @@ SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
 # Prefix cache, in tokens: queried (looked up) and hit, over the level
 PREFIX_CACHE = {"vllm:prefix_cache_queries_total": "prefix_cache_queries",
                 "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
@@ -54,7 +66,7 @@ def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
     '<per-position counter>[i]': v} summed over engines, for one model. Text that is not in
     Prometheus' exposition format raises ValueError (prometheus_client's parser)."""
     want = {f"{n}{s}" for names in HISTOGRAMS.values() for n in names for s in ("_sum", "_count")}
-    want |= set(SPEC_COUNTERS) | {SPEC_PER_POS} | set(PREFIX_CACHE)
+    want |= set(SPEC_COUNTERS) | {SPEC_PER_POS} | set(PREFIX_CACHE) | {PREEMPTIONS, ITL_BUCKET}
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -65,6 +77,8 @@ def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
             key = sample.name
             if key == SPEC_PER_POS:
                 key = f"{key}[{sample.labels.get('position', '?')}]"
+            elif key == ITL_BUCKET:
+                key = f"{key}[{sample.labels.get('le', '?')}]"
             out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
@@ -87,7 +101,32 @@ def level_means(before: dict[str, float], after: dict[str, float]) -> tuple[dict
             break
     figures.update(spec_figures(before, after))
     figures.update(prefix_cache_figures(before, after))
+    figures.update(engine_figures(before, after))
     return figures, sources
+
+
+def engine_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """server_preemptions and server_itl_ms_p99_le / server_itl_n over the interval (module
+    docstring); {} for what the server does not export."""
+    out: dict[str, float] = {}
+    if PREEMPTIONS in after:
+        out["server_preemptions"] = after[PREEMPTIONS] - before.get(PREEMPTIONS, 0.0)
+    prefix = ITL_BUCKET + "["
+    bounds = []
+    for k in after:
+        if k.startswith(prefix):
+            try:
+                bounds.append((float(k[len(prefix):-1]), after[k] - before.get(k, 0.0)))
+            except ValueError:
+                continue
+    bounds.sort()
+    if bounds and bounds[-1][0] == float("inf") and bounds[-1][1] >= 100:
+        n = bounds[-1][1]
+        le = next(b for b, c in bounds if c >= 0.99 * n)
+        if le != float("inf"):
+            out["server_itl_ms_p99_le"] = le * 1e3
+            out["server_itl_n"] = n
+    return out
 
 
 def prefix_cache_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -10,7 +10,8 @@ present, PyYAML for the rules, matplotlib for plots).
 Modules: reader (streaming parse), rules (YAML classification), steps (vLLM decode steps),
 intervals (unions, self time), breakdown (per-step shares, across ranks), comm_split
 (collective time split into wait for the last rank and transport, across ranks of one
-host), report (writers).
+host), report (writers); token_gaps, tail_causes, tail_outputs (the client's tokens joined to
+the engine's steps on one clock, and the ITL tail by cause).
 """
 
 from k25exp.traces.breakdown import (

@@ -99,7 +99,7 @@ class StepSelection:
     prefill_tokens: int = 0
 
 
-def _merge_same_step(anns: list[Annotation]) -> list[Step]:
+def merge_same_step(anns: list[Annotation]) -> list[Step]:
     """One Step per annotated step. A device annotation may come once per stream: copies
     sharing an External id (the host annotation's) are merged into their span; without
     ids, overlapping same-name copies on different lanes are."""
@@ -161,7 +161,7 @@ def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = 
         warnings.append("no vLLM step annotations (execute_...): analysing the whole window "
                         "from the first to the last work event as one step")
         return StepSelection([_window(trace, work_mask)], "window", 0, 0, warnings)
-    merged = _merge_same_step(chosen)
+    merged = merge_same_step(chosen)
     annotated = len(merged)
     prefill = [(st, i) for st in merged if (i := parse_step_name(st.name)) is not None
                and i.context_requests > 0 and i.context_tokens]

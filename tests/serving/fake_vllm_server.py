@@ -21,18 +21,26 @@ Behaviour on request, by environment (server.env):
                                flight per step (vLLM's decode step; stub_server says how)
   FAKE_VLLM_METRICS=html       answer /metrics with an HTML page (a proxy's login form)
   FAKE_VLLM_STAGGER=1          every other completion at half speed (concurrent ones end apart)
+  FAKE_VLLM_ENGINE=1           tests.serving.engine_stub instead: steps as vLLM's engine does
+                               (FAKE_VLLM_STEP_MS, default 20; FAKE_VLLM_PREFILL_US_PER_TOKEN),
+                               answers /start_profile and /stop_profile, and writes its steps as
+                               a trace into --profiler-config's torch_profiler_dir; delays by
+                               step index from FAKE_VLLM_INJECT, JSON {"<step>": {Injection's
+                               fields}}, e.g. {"10": {"slow_ms": 150}}
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+from tests.serving.engine_stub import EngineStub, Injection
 from tests.serving.stub_server import StubServer
 
 
@@ -51,6 +59,7 @@ def main() -> None:
     p.add_argument("--served-model-name", default="fake")
     p.add_argument("--model", default="")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    p.add_argument("--profiler-config", default="{}")
     a, _ = p.parse_known_args()
     env = os.environ.get
     print(f"fake vLLM: pid {os.getpid()}, HF_TOKEN {'is set' if env('HF_TOKEN') else 'is not set'}, "
@@ -67,13 +76,21 @@ def main() -> None:
         while True:
             time.sleep(3600)
     time.sleep(float(env("FAKE_VLLM_START_DELAY_S", "0")))
-    stub = StubServer(a.host, a.port, gap_s=float(env("FAKE_VLLM_GAP_MS", "2")) / 1e3,
-                      ttft_s=float(env("FAKE_VLLM_TTFT_MS", "0")) / 1e3,
-                      model=a.served_model_name, api_key=a.api_key,
-                      dev_mode=env("VLLM_SERVER_DEV_MODE") == "1", misbehave=False,
-                      metrics_html=env("FAKE_VLLM_METRICS") == "html",
-                      stagger=env("FAKE_VLLM_STAGGER") == "1",
-                      step_s=float(env("FAKE_VLLM_STEP_MS", "0")) / 1e3)
+    common = dict(model=a.served_model_name, api_key=a.api_key,
+                  dev_mode=env("VLLM_SERVER_DEV_MODE") == "1")
+    if env("FAKE_VLLM_ENGINE") == "1":
+        stub = EngineStub(host=a.host, port=a.port, step_s=float(env("FAKE_VLLM_STEP_MS", "20")) / 1e3,
+                          prefill_s_per_token=float(env("FAKE_VLLM_PREFILL_US_PER_TOKEN", "0")) / 1e6,
+                          injections={int(k): Injection(**v) for k, v in
+                                      json.loads(env("FAKE_VLLM_INJECT", "{}")).items()},
+                          trace_dir=json.loads(a.profiler_config).get("torch_profiler_dir"),
+                          record=False, **common)
+    else:
+        stub = StubServer(a.host, a.port, gap_s=float(env("FAKE_VLLM_GAP_MS", "2")) / 1e3,
+                          ttft_s=float(env("FAKE_VLLM_TTFT_MS", "0")) / 1e3, misbehave=False,
+                          metrics_html=env("FAKE_VLLM_METRICS") == "html",
+                          stagger=env("FAKE_VLLM_STAGGER") == "1",
+                          step_s=float(env("FAKE_VLLM_STEP_MS", "0")) / 1e3, **common)
 
     async def serve() -> None:
         try:

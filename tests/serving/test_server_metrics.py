@@ -50,3 +50,25 @@ def test_a_server_without_speculative_decoding_gives_no_spec_figures():
     plain = "\n".join(line for line in AFTER.splitlines() if "spec_decode" not in line)
     figs, _ = server_metrics.level_means({}, server_metrics.parse(plain, "tiny_kimi"))
     assert not [k for k in figs if "accept" in k or k.startswith("spec_")]
+
+
+def _itl(counts: dict[str, float], preempted: float) -> str:
+    """vLLM 0.32's ITL histogram buckets (cumulative) and preemption counter."""
+    lab = 'engine="0",model_name="tiny_kimi"'
+    return "".join(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="{le}"}} {c}\n'
+                   for le, c in counts.items()) + f"vllm:num_preemptions_total{{{lab}}} {preempted}\n"
+
+
+def test_preemptions_and_the_engines_own_itl_p99_bucket_over_an_interval():
+    """200 gaps in the interval: 150 ≤ 25 ms, 48 more ≤ 50 ms (198 = 99 %), 2 ≤ 100 ms: 99 %
+    stayed below the 50 ms bound. 3 requests preempted."""
+    before = _itl({"0.025": 10, "0.05": 10, "0.1": 10, "+Inf": 10}, 1)
+    after = _itl({"0.025": 160, "0.05": 208, "0.1": 210, "+Inf": 210}, 4)
+    figs, _ = server_metrics.level_means(server_metrics.parse(before, "tiny_kimi"),
+                                         server_metrics.parse(after, "tiny_kimi"))
+    assert figs["server_preemptions"] == 3
+    assert (figs["server_itl_ms_p99_le"], figs["server_itl_n"]) == (50.0, 200)
+    # fewer than 100 gaps: no p99 bound (every percentile carries enough samples)
+    few = _itl({"0.025": 60, "0.05": 99, "0.1": 99, "+Inf": 99}, 1)
+    figs, _ = server_metrics.level_means({}, server_metrics.parse(few, "tiny_kimi"))
+    assert "server_itl_ms_p99_le" not in figs and figs["server_preemptions"] == 1

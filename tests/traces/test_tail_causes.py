@@ -1,0 +1,148 @@
+"""The ITL tail by cause (k25exp.traces.tail_causes) against an engine stub whose delays are
+injected (tests/serving/engine_stub.py): k25exp's real client streams from it, the stub
+writes its steps as a trace on the host's system clock, and every slow token the injections
+made, counted by hand from the stub's own log, must carry the injected cause."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from k25exp.load.client import CompletionClient
+from k25exp.traces import read_trace
+from k25exp.traces.tail_causes import CAUSES, UNEXPLAINED, tail
+from k25exp.traces.tail_outputs import write_tail
+from k25exp.traces.token_gaps import ClientClock, engine_steps, join
+from tests.serving.engine_stub import EngineThread, Injection
+
+STEP_S, HOST_S = 0.02, 0.001
+PROMPT = 32                  # prompt tokens (the stub counts words)
+PREFILL_S_PER_TOKEN = 0.001  # a lone prefill adds 32 ms to its step, the burst of 4: 128 ms
+LONG, BURST = 6, 4           # requests decoding throughout; requests arriving as one burst
+LONG_OUT, BURST_OUT = 70, 8
+THRESHOLD_MS = 70.0          # above a step of two prefills (84 ms), below one of one (52 ms)
+INJECTED = {15: Injection(slow_ms=150),              # a long step: every request in it
+            22: Injection(skip=(2, 4)),              # request 2 left out of steps 22-25
+            30: Injection(hold=(4, 120)),            # request 4's tokens held 120 ms from step 30
+            38: Injection(host_ms=120),              # a host gap after step 38
+            10: Injection(admit_at=46)}              # arrivals wait for step 46: a burst of prefills
+
+
+async def _drive(stub) -> tuple[list[dict], ClientClock]:
+    t0 = time.perf_counter()
+    clock = ClientClock.start(t0)
+    async with CompletionClient(stub.base_url, "stub", timeout_s=60,
+                                max_connections=LONG + BURST + 2) as client:
+        client.prepare(LONG + BURST)
+        await client.warm()
+
+        async def one(i: int, due: float, out: int, after_step: int = 0) -> dict:
+            await asyncio.sleep(max(0.0, t0 + due - time.perf_counter()))
+            while stub._step < after_step:  # the stub's own step count: no race with its pace
+                await asyncio.sleep(0.005)
+            rec = {"i": i}
+            await client.complete("w " * PROMPT, out, rec, t0)
+            return rec
+
+        # the long requests 60 ms apart (arrival order = i), the burst together once the
+        # stub holds arrivals back (steps 10-45)
+        plan = [one(i, 0.06 * i, LONG_OUT) for i in range(LONG)]
+        plan += [one(LONG + b, 0.0, BURST_OUT, after_step=12) for b in range(BURST)]
+        recs = await asyncio.gather(*plan)
+    return list(recs), clock.finish()
+
+
+def expected(stub) -> dict[tuple[int, int], str]:
+    """(request, chunk) → the cause its injection gave it, from the stub's log: each request's
+    token made at the injected step (its chunk index = its token index: one token a chunk)."""
+    decoded = {row["step"]: row["decoded"] for row in stub.log}
+    tok = stub.tokens
+    out = {}
+    # steps that admitted two or more requests on their own (a lone request that arrived
+    # late on a loaded machine) are prefill bursts too: 20 + 2 × 32 ms
+    for row in stub.log:
+        if len(row["admitted"]) >= 2 and row["step"] != 46:
+            for o in row["decoded"]:
+                out[(o, tok[o].index(row["step"]))] = "prefill"
+    for o in decoded[15]:
+        out[(o, tok[o].index(15))] = "long_step"
+    out[(2, tok[2].index(26))] = "skipped"      # its first token after the 4 steps it missed
+    out[(4, tok[4].index(30))] = "delivery"     # the first token held back
+    for o in decoded[39]:                        # the step after the host gap
+        out[(o, tok[o].index(39))] = "host_gap"
+    for o in decoded[46]:                        # the requests decoding in the burst's step
+        out[(o, tok[o].index(46))] = "prefill"
+    return out
+
+
+def capture(folder):
+    """The scenario run once: (stub, records, client clock, the stub's trace read back)."""
+    with EngineThread(step_s=STEP_S, host_s=HOST_S, prefill_s_per_token=PREFILL_S_PER_TOKEN,
+                      injections=INJECTED) as stub:
+        recs, clock = asyncio.run(_drive(stub))
+        path = stub.write_trace(folder / "stub_rank0.pt.trace.json.gz")
+    assert all(r["ok"] for r in recs), [r["error"] for r in recs if not r["ok"]]
+    # the long requests arrived in the order sent: the stub's ordinal is the record's i
+    admitted = [row["admitted"] for row in stub.log if row["admitted"]]
+    assert [o for a in admitted[:-1] for o in a] == list(range(LONG))
+    assert sorted(admitted[-1]) == list(range(LONG, LONG + BURST))  # one step, all four
+    assert next(r for r in stub.log if r["step"] == 46)["admitted"] == admitted[-1]
+    return stub, recs, clock, read_trace(path)
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    return capture(tmp_path_factory.mktemp("trace"))
+
+
+def test_every_injected_slow_token_carries_its_injected_cause(captured, tmp_path):
+    stub, recs, clock, trace = captured
+    j = join(engine_steps(trace), recs, clock)
+    assert j.unjoined == {}
+    # the join put in every decoding step exactly the requests the stub ran in it
+    assert j.batch_match[0] == j.batch_match[1] > 50
+    t = tail(j, threshold_ms=THRESHOLD_MS)
+    want = expected(stub)
+    # by hand: 6 in the long step, 1 skipped, 1 held, 6 after the host gap, 6 in the burst
+    # (and those of any early step that happened to admit two requests at once)
+    assert sorted(want.values()).count("long_step") == 6
+    assert [sorted(want.values()).count(c) for c in ("skipped", "delivery", "host_gap")] == [1, 1, 6]
+    got = {(g.gap.request, g.gap.chunk): g.cause for g in t.gaps}
+    assert got == want
+    # each slow token's excess is held by named causes (they add up to it)
+    for g in t.gaps:
+        assert g.parts[UNEXPLAINED] == pytest.approx(0.0, abs=1e-6)
+        assert sum(g.parts.values()) == pytest.approx(g.excess_ms)
+    # the parts of each joined gap add up to it exactly
+    for g in j.gaps:
+        assert sum(g.parts().values()) == pytest.approx(g.gap_ms, abs=1e-6)
+    rows = {r[0]: r for r in t.rows()}
+    assert {c: rows[c][1] for c in CAUSES} == {c: list(want.values()).count(c) for c in CAUSES}
+    assert t.caused_pct() == pytest.approx(100.0)
+    m = write_tail(t, tmp_path)
+    assert m["tail.gaps"] == len(want) and m["tail.cause.skipped_gaps"] == 1
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+    assert "cause" in (tmp_path / "worst.txt").read_text()
+
+
+def test_the_clocks_agree_within_the_measured_bracket(captured):
+    """Both sides read the host's system clock: the causality bracket holds 0 (no shift), and
+    it is narrow: the stub's smallest delivery and send-to-prefill times, a few ms."""
+    _, recs, clock, trace = captured
+    al = join(engine_steps(trace), recs, clock).alignment
+    assert al.lo_ms <= 0 <= al.hi_ms and al.shift_ms == 0
+    assert al.error_ms < 15 and al.lower_n == sum(len(r["chunk_s"]) for r in recs)
+    assert al.pair_us < 50 and abs(al.drift_us) < 100
+
+
+def test_at_the_level_p99_every_tail_gap_is_an_injected_one(captured):
+    """Without a given threshold the tail is the gaps above the level's p99: on this level
+    they are injected ones (the 20 slowest tokens are), each with its injected cause."""
+    stub, recs, clock, trace = captured
+    t = tail(join(engine_steps(trace), recs, clock))
+    assert t.p99_ms is not None and t.n >= 100
+    want = expected(stub)
+    assert t.gaps and all(want.get((g.gap.request, g.gap.chunk)) == g.cause for g in t.gaps)
+    assert t.caused_pct() >= 95
