@@ -10,8 +10,9 @@ second, TPOT is the step while the stub keeps up, and chunks of concurrent strea
 together. For each (streams C, step, processes P): a warm-up round, then a closed loop of C
 streams, 4 × C requests of --output-tokens tokens, sent exactly as the macro runner sends a
 level (one process: client.run_level; several: shards.ShardPool), judged by the macro runner's
-own rule (k25exp.load.level_figures, max_client_lag_ms 20): the busiest process's CPU, the
-laggiest process's event-loop lag, the send lag. Columns: chunks/s received over the level's
+absolute rule (experiment.validity.rule=absolute, max_client_lag_ms 20; k25exp.load.validity),
+its default before the relative one, so the capacities stay comparable with earlier runs: the
+busiest process's CPU, the laggiest process's event-loop lag, the send lag. Columns: chunks/s received over the level's
 wall time, CPU µs per chunk (all client processes' CPU / chunks: the cost, less sensitive to
 other load on the machine than the rates), TTFT p50 (a backlogged client shows it here first:
 its chunks are stamped late by a steady delay that TPOT does not see), the stub's own CPU
@@ -37,7 +38,7 @@ from k25exp.load.level_figures import level_figures
 from k25exp.serving.ports import free_port
 from k25exp.load.shards import ShardPool, Prompts
 
-MAX_LAG_MS = 20.0  # the macro runner's default experiment.max_client_lag_ms
+MAX_LAG_MS = 20.0  # experiment.max_client_lag_ms, the absolute rule's limit (level_figures' default rule)
 
 
 def start_stub(step_ms: float) -> tuple[subprocess.Popen, str]:

@@ -32,10 +32,16 @@ Per level (requests that failed count in `errors` only):
     client_processes    processes that sent the level (logged when more than one)
     client_failures     client processes that failed during the level: their unfinished
                    requests are failed records (errors), and the level is invalid
-    client_lagged  1 when the send lag (its p99 with ≥ 100 sends, else its max) or
-                   client_loop_lag_ms_mean is above
-                   max_client_lag_ms, or client_cpu_util above 0.9 (one event loop near a full
-                   core): the level measured the client, not the server
+    client_lagged  1 when the level measured the client, not the server, by the rule
+                   experiment.validity.rule names (k25exp.load.validity): relative, sends late
+                   by a fraction of the level's step (its ITL mean; an SLO probe's: the SLO's
+                   tightest bound), more than a tail of them and at least two; absolute, the
+                   send lag (its p99 with ≥ 100 sends, else its max) or client_loop_lag_ms_mean
+                   above max_client_lag_ms; either, client_cpu_util above 0.9 (one event loop
+                   near a full core)
+    client_lag_limit_ms, client_late_sends, client_lag_ref_ms  what it was judged on: the lag
+                   a send was held against, the sends that reached it, and (relative) the
+                   step or bound that limit is a fraction of
     delivery_stalls, stalled_requests, delivery_stall_ms_max, delivery_stall_ms_total
                    tokens made on time but delivered late in a burst (k25exp.load.stalls)
     tpot_ms_mean_no_stalls, tpot_ms_p50_no_stalls, tpot_n_no_stalls  TPOT over the requests
@@ -80,11 +86,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from k25exp.load import stalls
+from k25exp.config.experiments.validity import ValidityConfig
+from k25exp.load import stalls, validity as lag_rule
 from k25exp.load.lengths import shape_figures
 from k25exp.stats import bootstrap_ci, mean, min_samples, percentile
-
-MAX_CLIENT_CPU = 0.9  # of one core: beyond it the single event loop is the bottleneck
 
 
 def _pcts(prefix: str, xs: Sequence[float], qs: Sequence[int], scale: float = 1e3) -> dict:
@@ -114,7 +119,9 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
                   loop_lag_by_process: Optional[Sequence[Sequence[float]]] = None,
                   client_failures: Sequence[str] = (),
                   client_processes: Optional[int] = None,
-                  spans: Sequence[tuple[float, float]] = ()) -> dict:
+                  spans: Sequence[tuple[float, float]] = (),
+                  validity: Optional[ValidityConfig] = None,
+                  lag_reference: Optional[tuple[float, str]] = None) -> dict:
     """The level's figures; annotates each record with its `stalls` (stalls.mark), measured
     against `step_ref_s` (the engine's TPOT) when given, else the level's median TPOT.
     Several client processes (k25exp.load.shards): `cpu_s` is the busiest one's, the loop
@@ -122,7 +129,9 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     `client_failures` names the processes that failed: any flags the level;
     `client_processes` how many sent it. `spans`: the
     level's wall time(s) (start, end; s from the records' t0; one per repeat), for the
-    throughput interval."""
+    throughput interval. Client lag is judged by `validity`'s rule (None: the absolute one,
+    with `max_client_lag_ms`; its default judges none), against `lag_reference` (ms, name)
+    where given instead of the level's step (k25exp.load.validity)."""
     ok = [r for r in records if r["ok"]]
     step = stalls.mark(records, stall_rule, step_ref_s)
     m: dict[str, float] = {"requests": len(records), "completed": len(ok),
@@ -191,9 +200,7 @@ def level_figures(records: Sequence[dict], wall_s: float, cpu_s: Optional[float]
     m["client_failures"] = float(len(client_failures))
     if cpu_s is not None and wall_s > 0:
         m["client_cpu_util"] = cpu_s / wall_s  # 1.0 = one core busy all the time
-    m["client_lagged"] = float(send_lag_judged(m) > max_client_lag_ms
-                               or m.get("client_loop_lag_ms_mean", 0.0) > max_client_lag_ms
-                               or m.get("client_cpu_util", 0.0) > MAX_CLIENT_CPU)
+    m.update(lag_rule.judge(m, lags, validity, max_client_lag_ms, lag_reference))
     m["valid"] = float(not m["client_lagged"] and not m["delivery_stalls"]
                        and not m["client_failures"])
     return m
@@ -244,12 +251,6 @@ def _prefill_cost(fit: list[tuple[float, float, int]]) -> dict[str, float]:
             "prefill_shared_us_per_token": slope * 1e3}
 
 
-def send_lag_judged(m: dict) -> float:
-    """The send lag a level is judged on: its p99 where 100 sends support one, else its max
-    (a p99 of a few sends would be the max anyway, and the max errs on the safe side)."""
-    return m.get("client_lag_ms_p99", m.get("client_lag_ms_max", 0.0))
-
-
 WINDOWS = 10  # per span: batches of the throughput interval
 
 
@@ -288,12 +289,15 @@ def throughput_ci(ok: Sequence[dict], spans: Sequence[tuple[float, float]],
 
 
 def invalid_reason(figs: dict) -> str:
-    """Why a level is flagged invalid, in words ("" when it is valid)."""
+    """Why a level is flagged invalid, in words ("" when it is valid); client lag with the
+    rule that judged it and its numbers (the step's source, the limit) where the figures
+    carry them (a level just measured; not one read back from MLflow)."""
     why = []
     if figs.get("client_failures"):
         why.append("client failed")
     if figs.get("client_lagged"):
-        why.append("client lag")
+        why.append(f"client lag ({figs['client_lag_rule']})" if figs.get("client_lag_rule")
+                   else "client lag")
     if figs.get("rate_missed"):
         why.append("rate missed")
     if figs.get("delivery_stalls"):
@@ -301,17 +305,17 @@ def invalid_reason(figs: dict) -> str:
     return " + ".join(why)
 
 
-def describe_invalid(what: str, figs: dict, limit_ms: float) -> str:
+def describe_invalid(what: str, figs: dict) -> str:
     """One warning line for a level flagged invalid, with the figures behind each reason."""
     parts = []
     if figs.get("client_failures"):
         parts.append(f"{figs['client_failures']:.0f} client process(es) failed (their unfinished "
                      "requests are counted as errors; the level ran below its load)")
     if figs.get("client_lagged"):
-        which = "p99" if "client_lag_ms_p99" in figs else f"max of {figs.get('client_lag_n', 0):.0f}"
-        parts.append(f"the client lagged (send lag {which} {send_lag_judged(figs):.1f} ms, "
-                     f"loop lag mean {figs.get('client_loop_lag_ms_mean', 0):.1f} ms, limit "
-                     f"{limit_ms:.1f} ms; CPU {100 * figs.get('client_cpu_util', 0):.0f} % of a core)")
+        parts.append(f"the client lagged ({figs.get('client_lag_rule', 'rule unknown')}; send lag "
+                     f"max {figs.get('client_lag_ms_max', 0):.1f} ms, loop lag mean "
+                     f"{figs.get('client_loop_lag_ms_mean', 0):.1f} ms; CPU "
+                     f"{100 * figs.get('client_cpu_util', 0):.0f} % of a core)")
     if figs.get("rate_missed"):
         parts.append(f"the client sent at {figs.get('achieved_rate_req_s', 0):.3f} req/s, "
                      f"{figs.get('rate_error_pct', 0):+.1f} % off the schedule's "

@@ -42,7 +42,7 @@ from k25exp.config.schema import K25Config
 from k25exp.runners.macro_phases import Phases, completed
 from k25exp.runners.macro_results import finish, row
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
-from k25exp.load import loops, repeats
+from k25exp.load import loops, repeats, validity
 from k25exp.serving import admin
 from k25exp.load.client import CompletionClient
 from k25exp.serving.endpoint import Connection
@@ -66,7 +66,8 @@ LEVEL_METRICS = {  # logged at step = concurrency
     "e2e_ms_p99", "e2e_ms_mean", "output_tok_s", "request_s", "errors", "requests", "completed",
     "malformed_chunks", "output_tokens_mismatch", "prompt_tokens_mismatch", "client_lag_ms_p50",
     "client_lag_ms_p99", "client_lag_ms_max", "client_loop_lag_ms_p99", "client_loop_lag_ms_p50",
-    "client_loop_lag_ms_mean", "client_cpu_util", "client_lagged",
+    "client_loop_lag_ms_mean", "client_cpu_util", "client_lagged", "client_lag_limit_ms",
+    "client_late_sends", "client_lag_ref_ms",
     "delivery_stalls", "stalled_requests", "delivery_stall_ms_max", "delivery_stall_ms_total",
     "stall_ref_step_ms", "tpot_ms_mean_no_stalls", "tpot_ms_p50_no_stalls", "tpot_n_no_stalls",
     "valid", "wall_s", "server_tpot_ms_mean", "server_ttft_ms_mean", "server_itl_ms_mean",
@@ -162,7 +163,9 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
     rec.set_tags({"macro.tokenizer": str(tok_path), "macro.tpot_definition":
                   "(e2e - ttft) / (output_tokens - 1), vLLM's; itl = gaps between token chunks",
-                  "macro.load": _load_tag(exp), **work.describe()})
+                  "macro.load": _load_tag(exp), **work.describe(),
+                  "macro.validity": validity.describe(exp.validity, exp.max_client_lag_ms,
+                                                      exp.lag_reference())})
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, float] = {}
     rows: list = []
@@ -238,7 +241,7 @@ async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, fl
     single.update({f"single_stream_{k}": v for k, v in srv.items()
                    if k.startswith(("spec_", "accept", "mean_accept"))})
     if not figs["valid"]:
-        log.warning(describe_invalid("the single-stream phase", figs, exp.max_client_lag_ms))
+        log.warning(describe_invalid("the single-stream phase", figs))
     rec.log_metrics(single)
     if src:
         rec.set_tags({f"server_metrics.{k}": v for k, v in src.items()})
@@ -296,7 +299,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
         figs.update(repeats.spread(ph.repeat_figures(reps)))
     if not figs["valid"]:
         log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level speedup {c:g}"
-                                     if trace else f"level c={c}", figs, exp.max_client_lag_ms))
+                                     if trace else f"level c={c}", figs))
     rec.log_metrics({k: v for k, v in figs.items() if _level_metric(k)}, step=exp.step_of(c))
     return figs
 

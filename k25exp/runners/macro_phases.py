@@ -209,5 +209,6 @@ class Phases:
                              loop_lag_by_process=res.get("loop_lag_ms_by_process"),
                              client_failures=res.get("client_failures", ()),
                              client_processes=res.get("client_processes"),
+                             validity=exp.validity, lag_reference=exp.lag_reference(),
                              spans=[(x["start"] - self.t0, x["start"] - self.t0 + x["wall_s"])
                                     for x in res.get("repeats", [res]) if "start" in x])

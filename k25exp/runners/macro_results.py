@@ -134,8 +134,9 @@ def cdf_plot(path: Path, jsonl: Path) -> None:
 
 RECOVERED_VALIDITY = "k25exp.recovered_validity"  # which levels' validity is unknown
 # A recovered level's health figures: the client's loop lag and CPU use were not kept, so
-# nothing shows it kept up; these are never logged as if it had.
-UNKNOWN_HEALTH = ("valid", "client_lagged")
+# nothing shows it kept up; these are never logged as if it had (nor the lag verdict's count,
+# taken against no rule's limit).
+UNKNOWN_HEALTH = ("valid", "client_lagged", "client_late_sends")
 
 
 def recover(out: Path, run) -> str:

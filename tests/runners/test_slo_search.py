@@ -116,11 +116,12 @@ def test_the_search_finds_the_rate_a_one_slot_server_can_keep(model, tmp_path):
     # req/s; ~35-45 ms on an idle machine). Regular arrivals (burstiness 1000) at rate r > 1/s
     # queue: request k waits k (s - 1/r), so the 11th of 12 (the p90) waits 10 (s - 1/r) ≥
     # 10 (30 - 20.8) = 92 ms at 48 req/s, over the 60 ms SLO: no machine meets 48, a slow
-    # one only meets less. The client-lag rule is off (max_client_lag_ms), so that one late
-    # wake-up on a loaded machine does not void a probe; the search's bookkeeping is exact.
+    # one only meets less. The client-lag rule is off (the absolute rule's max_client_lag_ms
+    # lifted), so that late wake-ups on a loaded machine void no probe; the search's
+    # bookkeeping is exact.
     rec, summary = _fake_search(model, tmp_path, "experiment.start=8",
                                 "experiment.slo={ttft_ms: 60}", "experiment.max_probes=8",
-                                "experiment.max_client_lag_ms=1e9")
+                                "experiment.validity.rule=absolute", "experiment.max_client_lag_ms=1e9")
     answer = summary["max_rate_meeting_slo"]
     assert answer < 48, summary
 
@@ -178,7 +179,8 @@ def test_a_speedup_search_replays_a_trace_faster_until_the_slo_breaks(model, tmp
     rec, summary = _fake_search(model, tmp_path, "experiment.search_over=speedup", "experiment.load=trace",
                                 f"experiment.trace.path={trace}", "experiment.start=1",
                                 "experiment.slo={ttft_ms: 60}", "experiment.max_probes=8",
-                                "experiment.max_client_lag_ms=1e9", "experiment.max_rate_error=0.5")
+                                "experiment.validity.rule=absolute", "experiment.max_client_lag_ms=1e9",
+                                "experiment.max_rate_error=0.5")
     answer = summary["max_speedup_meeting_slo"]
     assert 1 <= answer < 4.8, summary
     loads, meets = rec.latest("probe_load"), rec.latest("probe_meets")

@@ -74,10 +74,12 @@ def test_a_healthy_run_is_flagged_valid_with_tpot_equal_to_the_servers_pace(mode
     """A server whose pace is known (the fake: one token every 25 ms, nothing held back):
     every phase is valid unless it found a delivery stall (a machine too busy to read the
     stream in time does make one: then that, and only that, is why), and TPOT is at least that
-    pace. The client-lag limit is lifted: how late a loaded machine wakes the client is its
-    scheduler's. A bug that flagged every level invalid fails here, not as a skipped check."""
+    pace. The client-lag limit is lifted (the absolute rule's): how late a loaded machine wakes
+    the client is its scheduler's. A bug that flagged every level invalid fails here, not as a
+    skipped check."""
     _, rec, summary = run_macro(tmp_path, *fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=25"),
-                                "experiment.output_tokens=8", "experiment.max_client_lag_ms=1e9")
+                                "experiment.output_tokens=8", "experiment.validity.rule=absolute",
+                                "experiment.max_client_lag_ms=1e9")
     stalls = rec.latest("delivery_stalls")
     assert sorted(stalls) == [1, 2]
     assert rec.latest("valid") == {c: float(stalls[c] == 0) for c in (1, 2)}
@@ -85,6 +87,21 @@ def test_a_healthy_run_is_flagged_valid_with_tpot_equal_to_the_servers_pace(mode
         assert summary["single_stream_valid"] == 1.0
     for c, tpot in rec.latest("tpot_ms_p50").items():
         assert tpot >= 24.0, c  # the fake's gap (the client cannot read faster than it writes)
+
+
+def test_each_level_is_judged_against_its_own_step_and_the_run_names_the_rule(model, tmp_path):
+    """The default rule (relative): each level's lag limit is half its own ITL mean (the fake's
+    25 ms pace, or slower on a loaded machine), logged beside it; the run's tag names the rule."""
+    _, rec, _ = run_macro(tmp_path, *fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=25"))
+    assert rec.tags["macro.validity"].startswith("relative: a send late by >= 0.5 x the level's ITL mean")
+    itl, ref, limit = (rec.latest(k) for k in ("itl_ms_mean", "client_lag_ref_ms", "client_lag_limit_ms"))
+    assert sorted(ref) == [1, 2]
+    for c in (1, 2):
+        assert ref[c] == itl[c] >= 24.0 and limit[c] == pytest.approx(ref[c] / 2), c
+        late = rec.latest("client_late_sends")[c]
+        # 2 sends a level (SMALL): lagged only when both were late (1 is allowed)
+        assert rec.latest("client_lagged")[c] == float(late >= 2 or rec.latest("client_cpu_util")[c] > 0.9
+                                                       or rec.latest("client_loop_lag_ms_mean")[c] >= limit[c])
 
 
 def test_repeats_pool_every_request_and_log_the_spread(model, tmp_path):

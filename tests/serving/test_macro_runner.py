@@ -215,12 +215,13 @@ def test_endpoint_mode_attaches_and_never_logs_the_key(vllm, tmp_path):
 
 
 def test_a_lagging_client_flags_the_single_stream_phase_too(vllm, tmp_path, caplog):
-    """A 1 µs lag limit no event loop can meet: every phase is flagged invalid and says so,
-    the single-stream phase included, and its figures are still logged."""
+    """A 1 µs lag limit (the absolute rule's) no event loop can meet: every phase is flagged
+    invalid and says so, the single-stream phase included, and its figures are still logged."""
     _, rec, summary = run_macro(tmp_path, *vllm["overrides"], "experiment.concurrency=[1]",
                                 "experiment.single_stream_requests=2", "experiment.warmup=0",
                                 "experiment.input_tokens=16", "experiment.output_tokens=4",
                                 "experiment.min_requests=2", "experiment.rounds=1",
+                                "experiment.validity.rule=absolute",
                                 "experiment.max_client_lag_ms=0.001", "experiment.progress=false")
     assert summary["single_stream_valid"] == 0.0 and rec.latest("valid") == {1: 0.0}
     assert summary["single_stream_client_loop_lag_ms_mean"] > 0.001

@@ -18,6 +18,7 @@ from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
 from k25exp.config.experiments.request_shapes import LengthConfig, TraceConfig
 from k25exp.config.experiments.speculative import SpeculativeSettings
+from k25exp.config.experiments.validity import ValidityConfig
 
 if TYPE_CHECKING:
     from k25exp.config.schema import K25Config
@@ -150,9 +151,13 @@ class MacroConfig(Registered):
     continuous_usage: bool = True
     # Saturation: first level after which throughput grows by less than this fraction.
     saturation_gain: float = 0.1
-    # A level is invalid when the client lagged: p99 of its send lag (actual − scheduled send
-    # time) or the mean of its event loop's wake-up lag above this, or its CPU above 90 % of
-    # a core. Its figures would then measure the client, not the server.
+    # A level is invalid when the client lagged: its figures would then measure the client,
+    # not the server. How that is judged: validity.rule, relative to the level's own step
+    # (the default) or the absolute limit below (k25exp.config.experiments.validity).
+    validity: ValidityConfig = field(default_factory=ValidityConfig)
+    # validity.rule=absolute: the p99 of the send lag (actual − scheduled send time; its max
+    # under 100 sends) or the mean of the event loop's wake-up lag above this is client lag.
+    # relative: the limit only where a level measured no step (no request streamed 2 chunks).
     max_client_lag_ms: float = 20.0
     # A level is also invalid when tokens made on time reached the client late, in a burst
     # (k25exp.load.stalls): a run of >= stall_min_chunks chunks each within
@@ -210,6 +215,11 @@ class MacroConfig(Registered):
             return self.max_concurrency or OPEN_LOOP_CAP
         return max(self.concurrency)
 
+    def lag_reference(self) -> Optional[tuple[float, str]]:
+        """The time a level's client lag is held against under validity.rule=relative, with
+        its name, where it is not the level's own step (None: the step, its mean ITL)."""
+        return None
+
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The serving benchmark and what it needs of its server (the server group's own
         checks: k25exp.config.server_checks, for every experiment with a server)."""
@@ -219,6 +229,7 @@ class MacroConfig(Registered):
                                       "request_timeout_s", "max_client_lag_ms", "repeats"], problems)
         non_negative(self, "experiment", ["warmup", "single_stream_requests", "saturation_gain",
                                           "temperature", "stall_min_gap_ms", "client_processes"], problems)
+        self.validity.problems("experiment.validity", problems)
         if self.client_event_loop not in ("auto", "asyncio", "uvloop"):
             problems.append(f"experiment.client_event_loop={self.client_event_loop!r}: expected auto, "
                             "asyncio or uvloop")
@@ -384,6 +395,16 @@ class SloSearchConfig(MacroConfig):
     # every probe at exactly its rate: 20 Poisson arrivals are otherwise ±22 % off it, and a
     # probe at 2 req/s that happened to send at 4 met an SLO one at 3 (sent at 3.7) missed
     exact_rate: bool = True
+
+    def lag_reference(self) -> Optional[tuple[float, str]]:
+        """A probe's client lag is held against the SLO's tightest bound, not the step: a
+        send late by a fraction of it could move the probe's verdict (TTFT and E2E count from
+        the scheduled send), one late by a fraction of a step could not."""
+        bounds = self.slo.bounds()
+        if not bounds:
+            return None
+        key = min(bounds, key=bounds.get)
+        return bounds[key], f"the SLO's p{self.percentile} {key} bound"
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The bounds and the search's range."""
