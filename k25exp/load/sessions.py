@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -211,3 +212,35 @@ def prefix_cache_state(figs: dict) -> str:
                 f"({figs['prefix_cache_hits']:.0f} of {figs['prefix_cache_queries']:.0f} tokens)")
     return "prefix-cache hit rate unknown (no counters on /metrics)"
 
+
+
+def write_turn_results(out: Path, measured: Sequence[tuple[int, dict]]) -> str:
+    """results_turns.txt/.csv (a row per level and turn) and plots/ttft_by_turn.png (TTFT p50
+    by turn, a line per level), each level labelled with what its prefix cache did. Returns
+    the table's text."""
+    from k25exp import plots, tables
+
+    cols = [tables.Column("conc", "{}", 6), tables.Column("turn", "{}", 5),
+            tables.Column("n", "{:.0f}", 5), tables.Column("ttft_p50", "{:.1f}", 10),
+            tables.Column("ttft_p99", "{:.1f}", 10), tables.Column("ttft_mean", "{:.1f}", 10),
+            tables.Column("prompt_tok", "{:.1f}", 11)]
+    rows, series = [], {}
+    for c, figs in measured:
+        ks = turns_of(figs)
+        rows += [[c, k] + [figs.get(f"turn{k}_{x}") for x in (
+            "ttft_ms_n", "ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "prompt_tokens_mean")]
+                 for k in ks]
+        series[f"c={c}: {prefix_cache_state(figs)}"] = [figs.get(f"turn{k}_ttft_ms_p50") for k in ks]
+    states = "; ".join(f"c={c}: {prefix_cache_state(f)}" for c, f in measured)
+    off = any(f.get("prefix_caching_enabled") == 0 for _, f in measured)
+    why = (" (vLLM's CPU build turns prefix caching off for an MLA model such as the tiny Kimi: "
+           "no hit rate, later turns prefill their whole history)" if off else "")
+    text = tables.write(out / "results_turns", cols, rows,
+                        "macro sessions: TTFT by turn, ms; n = turns answered (p99 with >= 100 "
+                        "only); prompt_tok = mean history sent (tokens); " + states + why)
+    turns = sorted({k for _, f in measured for k in turns_of(f)})
+    title = "TTFT by turn (p50)" + (" — prefix caching OFF on the server" if off else "")
+    plots.sweep(out / "plots" / "ttft_by_turn.png", turns,
+                {name: ys + [None] * (len(turns) - len(ys)) for name, ys in series.items()},
+                "turn", "TTFT p50 (ms)", title, logx=False)
+    return text

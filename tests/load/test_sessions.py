@@ -126,7 +126,7 @@ def test_each_turns_prompt_is_the_history_plus_the_answer_plus_the_new_message(t
         for a, b in zip(lv, lv[1:]):
             assert b["think_s"] == 0.05
             assert b["scheduled_s"] == pytest.approx(a["sent_s"] + a["end_s"] + 0.05, abs=1e-9)
-            assert b["sent_s"] >= b["scheduled_s"]
+            assert b["sent_s"] - b["scheduled_s"] > -0.002  # not before it (the loop's 1 ms timer)
         assert lv[0]["think_s"] == 0.0
     assert len(res["records"]) == 6 and {r["level"] for r in recs} == {2}
 
