@@ -218,8 +218,8 @@ def _prompts(cfg: K25Config, conn: Connection, work: Workload):
     if sessions is not None:
         sessions.prepare(range(max(sessions_for(exp, c) for c in exp.sweep_levels()) * exp.repeats))
     if exp.duration_s is None:
-        sweep = [] if trace or sessions else [exp.requests_for(c) * exp.repeats
-                                              for c in exp.sweep_levels()]
+        by_count = trace is None and sessions is None  # the sweep's own prompts, by request index
+        sweep = [exp.requests_for(c) * exp.repeats for c in exp.sweep_levels()] if by_count else []
         prompt.many(range(max([exp.single_stream_requests] + sweep)))
         prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
     return prompt, trace, sessions, tok_path
@@ -261,9 +261,9 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
                  sessions: Optional[SessionPlan] = None) -> dict:
     """One level of the sweep (concurrency c, c req/s in the open loop, the trace at speedup
     c, or c sessions in flight), `repeats` times pooled: its figures, logged at the level's
-    step. A server that
-    died or an endpoint that stopped answering raises, after logging what the level completed
-    (`measured_before`: the levels measured before this one, for its message)."""
+    step. A server that died or an endpoint that stopped answering raises, after logging what
+    the level completed (`measured_before`: the levels measured before this one, for its
+    message)."""
     exp, conn, http = ph.exp, ph.conn, ph.client.http
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
