@@ -40,7 +40,15 @@ def server_problems(cfg: K25Config, problems: list[str]) -> None:
         n_in, n_out = getattr(exp, "input_tokens", 0), getattr(exp, "output_tokens", 0)
         shaped = hasattr(exp, "input_len") and not exp.input_len.dist == exp.output_len.dist == "fixed"
         longest = [exp.input_len.upper(n_in), exp.output_len.upper(n_out)] if shaped else [n_in, n_out]
-        if srv.max_model_len > 0 and None not in longest and sum(longest) > srv.max_model_len:
+        sessions = getattr(exp, "load", None) == "sessions"
+        if sessions and srv.max_model_len > 0 and None not in longest:
+            # a session's last prompt holds every earlier message and answer
+            if (n := exp.sessions.longest(*longest)) > srv.max_model_len:
+                problems.append(f"experiment.sessions.turns={exp.sessions.turns} × (the longest "
+                                f"message + answer, {longest[0]} + {longest[1]}) = {n} tokens (a "
+                                "session's last prompt and its answer) exceeds "
+                                f"server.max_model_len={srv.max_model_len}")
+        elif srv.max_model_len > 0 and None not in longest and sum(longest) > srv.max_model_len:
             problems.append(f"the longest prompt + output experiment.input_len and output_len can "
                             f"draw, {longest[0]} + {longest[1]} = {sum(longest)}, exceeds "
                             f"server.max_model_len={srv.max_model_len}" if shaped else

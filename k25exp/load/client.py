@@ -128,19 +128,27 @@ class CompletionClient:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    def payload(self, prompt: str, max_tokens: int) -> bytes:
+    def payload(self, prompt, max_tokens: int, token_ids: bool = False) -> bytes:
+        """The request's body; `prompt` a text or token ids (the completions API takes
+        either); token_ids: ask for the answer's token ids (vLLM's return_token_ids)."""
         stream_options = {"include_usage": True}
         if self.continuous_usage:
             stream_options["continuous_usage_stats"] = True
-        return orjson.dumps({
+        body = {
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens,
             "ignore_eos": True, "temperature": self.temperature,
             "seed": self.seed, "stream": True, "stream_options": stream_options,
-        })
+        }
+        if token_ids:
+            body["return_token_ids"] = True
+        return orjson.dumps(body)
 
-    async def complete(self, prompt: str, max_tokens: int, rec: dict, t0: float) -> dict:
-        """Sends one streaming completion and fills `rec`. Never raises for request failures."""
-        body = self.payload(prompt, max_tokens)
+    async def complete(self, prompt, max_tokens: int, rec: dict, t0: float,
+                       answer: Optional[list] = None) -> dict:
+        """Sends one streaming completion and fills `rec`. Never raises for request failures.
+        `answer`, a list: the answer's token ids are appended to it as they stream (a
+        multi-turn session's history: k25exp.load.sessions), not kept in the record."""
+        body = self.payload(prompt, max_tokens, token_ids=answer is not None)
         sent = time.perf_counter()
         rec["sent_s"] = sent - t0
         if "scheduled_s" in rec:
@@ -151,7 +159,7 @@ class CompletionClient:
                    malformed=0, done=False)
         lane = self._take()
         try:
-            await asyncio.wait_for(self._stream(lane, body, sent, rec), self.timeout_s)
+            await asyncio.wait_for(self._stream(lane, body, sent, rec, answer), self.timeout_s)
         except asyncio.TimeoutError:
             rec["error"] = f"timeout: no complete response after {self.timeout_s:g} s"
         except httpx.TimeoutException as e:
@@ -165,7 +173,8 @@ class CompletionClient:
         finish(rec)
         return rec
 
-    async def _stream(self, lane: httpx.AsyncClient, body: bytes, sent: float, rec: dict) -> None:
+    async def _stream(self, lane: httpx.AsyncClient, body: bytes, sent: float, rec: dict,
+                      answer: Optional[list] = None) -> None:
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
         async with lane.stream("POST", "/v1/completions", content=body,
                                     headers=headers) as resp:
@@ -208,6 +217,8 @@ class CompletionClient:
                             continue
                         if choices:
                             choices[0]["index"]  # a choice must be an object
+                            if answer is not None:
+                                answer.extend(choices[0].get("token_ids") or ())
                             if continuous and usage:
                                 n = usage["completion_tokens"] - seen_tokens
                                 seen_tokens = usage["completion_tokens"]

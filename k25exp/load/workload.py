@@ -1,6 +1,7 @@
 """What a macro job sends: each request's prompt with the lengths it was drawn with
-(experiment.input_len / output_len: k25exp.load.lengths) or the trace line it replays
-(experiment.load=trace: k25exp.load.trace), read and checked before the server starts.
+(experiment.input_len / output_len: k25exp.load.lengths), the trace line it replays
+(experiment.load=trace: k25exp.load.trace) or the session turn it is (experiment.load=sessions:
+k25exp.load.sessions), read and checked before the server starts.
 
 A prompt source is called with a request index and gives (text, prompt tokens, max_tokens);
 the client writes both lengths into the request's record (prompt_tokens_target, max_tokens).
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from k25exp.config.validate import ConfigError
 from k25exp.load.lengths import LengthFileError, Lengths, read_lengths
 from k25exp.load.prompts import PromptBuilder
+from k25exp.load.sessions import SessionPlan
 from k25exp.load.trace import Trace, TraceError, read_trace, too_long
 
 if TYPE_CHECKING:
@@ -108,7 +110,12 @@ class Workload:
                            f"server.max_model_len={mml}")
         # (a bounded shape's longest the config check held against it already)
         from_file = any(x.dist == "empirical" and x.max is None for x in (exp.input_len, exp.output_len))
-        if not out and from_file and sum(tops.values()) > mml:
+        if not out and from_file and exp.load == "sessions":
+            if (n := exp.sessions.longest(tops["input"], tops["output"])) > mml:
+                out.append(f"experiment.sessions.turns={exp.sessions.turns} × (the longest message "
+                           f"+ answer experiment.input_len and output_len can draw, {tops['input']} "
+                           f"+ {tops['output']}) = {n} tokens exceeds server.max_model_len={mml}")
+        elif not out and from_file and sum(tops.values()) > mml:
             out.append(f"the longest prompt + output experiment.input_len and output_len can "
                        f"draw, {tops['input']} + {tops['output']} = {sum(tops.values())}, exceeds "
                        f"server.max_model_len={mml}")
@@ -126,6 +133,16 @@ class Workload:
         builder = PromptBuilder(tok, exp.input_tokens, exp.seed, exp.prefix_tokens, exp.prefix_groups)
         shaped = ShapedPrompts(builder, self.lengths("input", builder.least()), self.lengths("output"))
         return shaped, TracePrompts(builder, self.trace) if self.trace is not None else None
+
+    def sessions(self, tok) -> Optional[SessionPlan]:
+        """With load=sessions, what each session sends (its messages built on demand:
+        SessionPlan.prepare builds them ahead)."""
+        exp = self.exp
+        if exp.load != "sessions":
+            return None
+        builder = PromptBuilder(tok, exp.input_tokens, exp.seed, exp.prefix_tokens, exp.prefix_groups)
+        return SessionPlan(tok, builder, self.lengths("input", builder.least()),
+                           self.lengths("output"), exp.sessions, exp.seed)
 
     def describe(self) -> dict[str, str]:
         """Tags: what the lengths were drawn from, and the trace replayed (its digest)."""
@@ -145,6 +162,15 @@ class Workload:
                                                      "lognormal": f"sigma {x.sigma:g}"}[x.dist]
             return what + f", clipped to [{x.min}, {x.max if x.max else 'none'}]"
         tags = {"macro.input_len": shape("input"), "macro.output_len": shape("output")}
+        if exp.load == "sessions":
+            x = exp.sessions
+            think = (f"{x.think_time_s:g} s" if x.think_dist == "fixed" else
+                     f"exponential, mean {x.think_time_s:g} s (seeded per session)")
+            count = x.count if x.count is not None else "max(c, ceil(the level's requests / turns))"
+            tags["macro.sessions"] = (
+                f"{x.turns} turns a session, {count} sessions a level; each turn's prompt the "
+                "session's history as token ids (its first prompt, each answer, each new message) "
+                f"+ a new message of input_len; think time before each later turn {think}")
         if self.trace is not None:
             t = self.trace
             tags["macro.trace"] = (f"{t.path}: {len(t)} requests over {t.due_s().max():.3f} s, "

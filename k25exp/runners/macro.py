@@ -7,7 +7,8 @@ lengths, drawn from experiment.input_len / output_len: k25exp.load.workload):
   2. single stream: `single_stream_requests` one at a time → single_stream_* figures
      (single_stream_valid = 0 when the client lagged, as for a level);
   3. sweep: for each concurrency C a closed loop of C workers → figures at step C (open
-     loop: each rate; load=trace: the trace's requests at its times / each speedup).
+     loop: each rate; load=trace: the trace's requests at its times / each speedup;
+     load=sessions: C multi-turn sessions in flight, k25exp.load.sessions, with per-turn TTFT).
 A lengths file or a trace is read and checked line by line before the server starts.
 With experiment.reset_prefix_cache (a dev endpoint: loopback servers only, unless opted in),
 the prefix cache is reset before phase 2 and before every level, so no level reuses another's
@@ -52,6 +53,7 @@ from k25exp.load.progress import Progress
 from k25exp.load.prompts import load_tokenizer
 from k25exp.serving.registry import release
 from k25exp.load.shards import CHUNKS_PER_PROCESS
+from k25exp.load.sessions import SessionPlan, session_figures
 from k25exp.load.trace import Trace
 from k25exp.load.workload import TracePrompts, Workload
 from k25exp.tracking.recorder import Recorder
@@ -88,6 +90,8 @@ LEVEL_METRICS |= {  # open loop, goodput, the user's view from the scheduled sen
     "rate_missed", "goodput_req_s", "goodput_tok_s", "good_fraction", "client_lag_n",
     "output_tok_s_ci_lo", "output_tok_s_ci_hi", "prefix_cache_queries", "prefix_cache_hits",
     "prefix_cache_hit_rate", "repeats", "client_processes", "client_failures"}
+LEVEL_METRICS |= {  # multi-turn sessions (k25exp.load.sessions); whether the server caches prefixes
+    "sessions", "sessions_completed", "sessions_cut", "think_s_mean", "prefix_caching_enabled"}
 LEVEL_METRICS |= {  # the lengths the level's requests were drawn with; a schedule's send lag
     f"{x}_len_{s}" for x in ("input", "output") for s in ("mean", "std", "min", "max")} | {
     f"send_lag_ms_{s}" for s in ("p50", "p99", "mean", "n")}
@@ -116,7 +120,8 @@ SINGLE_STREAM = {
 
 def _level_metric(key: str) -> bool:
     return (key in LEVEL_METRICS or "_rep_" in key
-            or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms", "tail_client."))
+            or key.startswith(("acceptance_pos", "ttft_sched_ms", "e2e_sched_ms", "tail_client.",
+                               "turn"))
             or (key.endswith(("_n", "_p50_ci_lo", "_p50_ci_hi")) and key.startswith(
                 ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"))))
 
@@ -158,7 +163,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
                    work: Workload) -> dict[str, float]:
     """Warm-up, single stream, then the sweep's levels; the summary figures."""
     exp: MacroConfig = cfg.experiment
-    prompt, trace, tok_path = _prompts(cfg, conn, work)
+    prompt, trace, sessions, tok_path = _prompts(cfg, conn, work)
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: collections between levels are cheap
     rec.set_tags({"macro.tokenizer": str(tok_path), "macro.tpot_definition":
@@ -191,7 +196,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
                 for c in exp.sweep_levels():
                     try:
                         figs = await _level(ph, c, rec, cache, measured_before=len(measured),
-                                            trace=trace)
+                                            trace=trace, sessions=sessions)
                     except (ServerDied, ServerError):
                         finish(out, exp, rows, measured, summary, rec, jsonl)  # the levels so far
                         raise
@@ -203,24 +208,33 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
 
 
 def _prompts(cfg: K25Config, conn: Connection, work: Workload):
-    """The job's prompt sources (the shaped one; a trace's for its sweep), every prompt built
-    before anything is timed (tokenizing between requests would be client lag) or sent (a
-    trace line too short for the tokenizer is named before the first request), and the
-    tokenizer they were counted with."""
+    """The job's prompt sources (the shaped one; a trace's or the sessions' for its sweep),
+    every prompt built before anything is timed (tokenizing between requests would be client
+    lag) or sent (a trace line too short for the tokenizer is named before the first request),
+    and the tokenizer they were counted with."""
     exp: MacroConfig = cfg.experiment
     tok_path = cfg.server.tokenizer or conn.info.get("model_path")
     if not tok_path:
         raise ServerError("no tokenizer: set server.tokenizer (folder or hub id of the served model's)")
     tok = load_tokenizer(tok_path, cfg.server.trust_remote_code)
     prompt, trace = work.prompts(tok)
+    sessions = work.sessions(tok)
     if trace is not None:
         trace.many(range(trace_requests(exp, trace.trace)))
+    if sessions is not None:
+        sessions.prepare(range(max(sessions_for(exp, c) for c in exp.sweep_levels()) * exp.repeats))
     if exp.duration_s is None:
-        sweep = [] if trace is not None else [exp.requests_for(c) * exp.repeats
-                                               for c in exp.sweep_levels()]
+        by_count = trace is None and sessions is None  # the sweep's own prompts, by request index
+        sweep = [exp.requests_for(c) * exp.repeats for c in exp.sweep_levels()] if by_count else []
         prompt.many(range(max([exp.single_stream_requests] + sweep)))
         prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
-    return prompt, trace, tok_path
+    return prompt, trace, sessions, tok_path
+
+
+def sessions_for(exp: MacroConfig, c: int) -> int:
+    """Sessions a level of concurrency c runs (experiment.sessions.count, or about as many
+    requests as a closed-loop level)."""
+    return exp.sessions.per_level(c, exp.requests_for(c))
 
 
 async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, float]:
@@ -249,11 +263,13 @@ async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, fl
 
 
 async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_before: int,
-                 trace: Optional[TracePrompts] = None) -> dict:
-    """One level of the sweep (concurrency c, c req/s in the open loop, or the trace at
-    speedup c), `repeats` times pooled: its figures, logged at the level's step. A server that
-    died or an endpoint that stopped answering raises, after logging what the level completed
-    (`measured_before`: the levels measured before this one, for its message)."""
+                 trace: Optional[TracePrompts] = None,
+                 sessions: Optional[SessionPlan] = None) -> dict:
+    """One level of the sweep (concurrency c, c req/s in the open loop, the trace at speedup
+    c, or c sessions in flight), `repeats` times pooled: its figures, logged at the level's
+    step. A server that died or an endpoint that stopped answering raises, after logging what
+    the level completed (`measured_before`: the levels measured before this one, for its
+    message)."""
     exp, conn, http = ph.exp, ph.conn, ph.client.http
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
@@ -264,12 +280,16 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     if trace is not None:  # every repeat replays the same lines (TracePrompts: i mod the trace)
         n = trace_requests(exp, trace.trace)
         due = trace.trace.due_s(c, n)
+    count = sessions_for(exp, c) if sessions is not None else None
+    if count:  # n: the level's requests (its records' indices), count × turns
+        n = count * sessions.turns
     reps = []
     for r in range(exp.repeats):
         if r and exp.reset_prefix_cache:
             await admin.reset_prefix_cache(http, cache)
-        rep = await ph.run("sweep", c, 0 if rate or trace else c, n, exp.duration_s, r * (n or 0),
-                           rate=rate, due=due, prompt=trace)
+        rep = await ph.run("sweep", c, 0 if rate or trace else c, count or n, exp.duration_s,
+                           r * (count or n or 0), rate=rate, due=due, prompt=trace,
+                           sessions=sessions)
         for x in rep["records"]:  # step: the MLflow step its level's figures went to
             x["repeat"], x["prompt_index"], x["step"] = r, r * (n or 0) + x["i"], exp.step_of(c)
         reps.append(rep)
@@ -295,6 +315,8 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
                               f"level {lvl}: {type(e).__name__}: {e}") from None
     srv, _ = await admin.server_view(http, conn.model, before, completed(res))
     figs = ph.figures(res, srv)
+    if sessions is not None:
+        figs.update(session_figures(res["records"], sessions.turns))
     if len(reps) > 1:
         figs.update(repeats.spread(ph.repeat_figures(reps)))
     if not figs["valid"]:
@@ -328,6 +350,10 @@ def _load_tag(exp: MacroConfig) -> str:
                 f"{exp.sweep_levels()}{cap}; latencies also from the scheduled send; "
                 "step = speedup x 1000 (the trace: macro.trace)")
     ramp = f", workers started over {exp.ramp_s:g} s" if exp.ramp_s else ", all workers at once"
+    if exp.load == "sessions":
+        return (f"sessions: {exp.sweep_levels()} multi-turn sessions in flight (closed loop, a "
+                f"worker's next session when its last one ended){ramp}; per-turn TTFT; step = "
+                "concurrency (the sessions: macro.sessions)")
     return f"closed loop: {exp.sweep_levels()} workers{ramp}; step = concurrency"
 
 

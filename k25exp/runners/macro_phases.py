@@ -26,6 +26,7 @@ from k25exp.serving.endpoint import Connection
 from k25exp.load.level_figures import (goodput, level_figures, rate_figures, send_lag_figures,
                                        tpot_gap_pct)
 from k25exp.load.progress import Progress
+from k25exp.load.sessions import SessionPlan, run_session_level
 from k25exp.load.shards import ShardPool, Prompts, auto_processes
 from k25exp.load.stalls import StallRule
 from k25exp.load.tail_client import client_tail
@@ -76,14 +77,16 @@ class Phases:
 
     async def run(self, name: str, level: float, c: int, n: Optional[int],
                   duration: Optional[float], first_prompt: int, rate: Optional[float] = None,
-                  due=None, prompt: Optional[Callable[[int], object]] = None) -> dict:
-        """One phase: a closed loop of c workers, an open loop at `rate` req/s, or the
+                  due=None, prompt: Optional[Callable[[int], object]] = None,
+                  sessions: Optional[SessionPlan] = None) -> dict:
+        """One phase: a closed loop of c workers, an open loop at `rate` req/s, the
         schedule `due` (a trace's: s from the start, request i from prompt(i); default the
-        job's prompts); its raw result."""
+        job's prompts), or n multi-turn `sessions` from session first_prompt on, c in flight
+        (one client process: each turn waits for its session's last answer); its raw result."""
         exp, errors, done = self.exp, 0, 0
         source = prompt or self.prompt
         what = (f"x{level:g}" if due is not None else f"{rate:g}/s" if rate else f"c={c}")
-        task = self.progress.task(f"{name} {what}", n)
+        task = self.progress.task(f"{name} {what}", n * sessions.turns if sessions and n else n)
         f = exp.fault
         kill_here = name == "sweep" and f.kill_server_at_level == level and self.conn.managed
 
@@ -107,7 +110,7 @@ class Phases:
         elif rate is not None:
             due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
                            exact=exp.exact_rate and n is not None)
-        P = self.processes(c, n, rate, out_mean)
+        P = 1 if sessions is not None else self.processes(c, n, rate, out_mean)
         # No garbage collection while a level runs: a full pass over the half million objects
         # transformers leaves behind stalls the event loop for 0.2-1 s (seen as client lag);
         # reference counting frees the level's garbage, the rest goes after.
@@ -118,6 +121,12 @@ class Phases:
             if P > 1:
                 res = await self._run_processes(P, name, level, c, n, duration, first_prompt,
                                                 due, on_record, source)
+            elif sessions is not None:
+                res = await run_session_level(self.client, sessions, phase=name, level=level,
+                                              concurrency=c, n_sessions=n, t0=self.t0,
+                                              first_session=first_prompt, on_record=on_record,
+                                              should_stop=self.dead,
+                                              ramp_s=exp.ramp_s if name == "sweep" else 0.0)
             elif due is not None:
                 res = await run_open_level(self.client, nth_prompt, phase=name, level=level,
                                            due_s=due, max_tokens=exp.output_tokens, t0=self.t0,

@@ -10,6 +10,7 @@ import orjson
 from k25exp import plots, tables
 from k25exp.config.experiments import MacroConfig
 from k25exp.load.level_figures import invalid_reason, saturation
+from k25exp.load.sessions import write_turn_results
 from k25exp.stats import suppressed
 from k25exp.tracking.recorder import Recorder
 
@@ -69,7 +70,7 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
             g is not None for g in good) else {}
         rec.log_metrics(s_good)
         summary.update(s_good)
-    cols = COLUMNS if exp.load == "closed" else [
+    cols = COLUMNS if exp.load in ("closed", "sessions") else [
         tables.Column("speedup" if exp.load == "trace" else "rate/s", "{:g}", 8)] + COLUMNS[1:]
     text = tables.write(out / "results", cols, rows,
                         f"macro: {_shape(exp)}; ms "
@@ -79,6 +80,8 @@ def finish(out: Path, exp: MacroConfig, rows: list, measured: list, summary: dic
                         "silence; tpot_nostall = mean TPOT of the requests no stall touched; "
                         "n<N = too few samples for that percentile")
     print(text, flush=True)
+    if exp.load == "sessions":
+        print(write_turn_results(out, measured), flush=True)
     pdir = out / "plots"
     xname = {"open": "request rate (req/s)", "trace": "trace speedup"}.get(exp.load, "concurrency")
     flagged = [t if not f["valid"] else None for t, (_, f) in zip(tput, measured)]
@@ -97,6 +100,12 @@ def _shape(exp: MacroConfig) -> str:
     """The requests' lengths, for the table's header."""
     if exp.load == "trace":
         return f"the requests of trace {exp.trace.path}"
+    if exp.load == "sessions":
+        x = exp.sessions
+        return (f"sessions of {x.turns} turns, each on its history + a message of "
+                f"{'' if exp.input_len.dist == 'fixed' else 'mean '}{exp.input_tokens} tokens, "
+                f"answers of {'' if exp.output_len.dist == 'fixed' else 'mean '}"
+                f"{exp.output_tokens}")
 
     def one(x, n: int, what: str) -> str:
         return f"{n} {what}" if x.dist == "fixed" else f"{what} {x.dist}, mean {n}"

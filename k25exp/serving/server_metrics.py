@@ -34,6 +34,12 @@ the same interval and with vLLM's own definitions (vllm/v1/spec_decode/metrics.p
     acceptance_pos<i>       accepted at draft position i / spec_drafts (…_per_pos, label
                             `position`); non-increasing in i, since position i is only
                             accepted after every position before it
+
+The prefix cache, over the same interval: prefix_cache_queries and prefix_cache_hits (prompt
+tokens looked up and found: vllm:prefix_cache_queries / _hits), prefix_cache_hit_rate (hits /
+queries), and prefix_caching_enabled (vllm:cache_config_info's enable_prefix_caching label:
+vLLM's CPU build turns caching off for an MLA model such as the tiny Kimi, and then no hit
+rate is given rather than a misleading 0).
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
 # Prefix cache, in tokens: queried (looked up) and hit, over the level
 PREFIX_CACHE = {"vllm:prefix_cache_queries_total": "prefix_cache_queries",
                 "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
+# Whether the engine caches prefixes at all: vLLM's cache settings as labels of an info gauge
+# (its CPU build turns caching off for an MLA model, whatever was asked)
+CACHE_INFO = "vllm:cache_config_info"
+CACHING_ON = "prefix_caching_enabled"
 
 
 def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
@@ -66,13 +76,18 @@ def parse(text: str, model: Optional[str] = None) -> dict[str, float]:
     '<per-position counter>[i]': v} summed over engines, for one model. Text that is not in
     Prometheus' exposition format raises ValueError (prometheus_client's parser)."""
     want = {f"{n}{s}" for names in HISTOGRAMS.values() for n in names for s in ("_sum", "_count")}
-    want |= set(SPEC_COUNTERS) | {SPEC_PER_POS} | set(PREFIX_CACHE) | {PREEMPTIONS, ITL_BUCKET}
+    want |= (set(SPEC_COUNTERS) | {SPEC_PER_POS} | set(PREFIX_CACHE) | {PREEMPTIONS, ITL_BUCKET}
+             | {CACHE_INFO})
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name not in want:
                 continue
             if model and sample.labels.get("model_name", model) != model:
+                continue
+            if sample.name == CACHE_INFO:  # 1 per engine: on where any engine caches
+                on = float(sample.labels.get("enable_prefix_caching") == "True")
+                out[CACHING_ON] = max(out.get(CACHING_ON, 0.0), on)
                 continue
             key = sample.name
             if key == SPEC_PER_POS:
@@ -131,12 +146,15 @@ def engine_figures(before: dict[str, float], after: dict[str, float]) -> dict[st
 
 def prefix_cache_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """prefix_cache_hit_rate = prompt tokens found in the prefix cache / tokens looked up, over
-    the level (vLLM's counters); {} when the server exports none."""
+    the level (vLLM's counters); {} when the server exports none. prefix_caching_enabled: 1 or
+    0 as the server's cache settings say (absent where it does not say); with caching off
+    there is no hit rate, not a rate of 0."""
+    out = {CACHING_ON: after[CACHING_ON]} if CACHING_ON in after else {}
     if not all(k in after for k in PREFIX_CACHE):
-        return {}
+        return out
     d = {short: after[name] - before.get(name, 0.0) for name, short in PREFIX_CACHE.items()}
-    out = dict(d)
-    if d["prefix_cache_queries"] > 0:
+    out.update(d)
+    if d["prefix_cache_queries"] > 0 and out.get(CACHING_ON) != 0:
         out["prefix_cache_hit_rate"] = d["prefix_cache_hits"] / d["prefix_cache_queries"]
     return out
 

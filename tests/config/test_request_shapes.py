@@ -79,7 +79,7 @@ def test_a_trace_replay_needs_its_file_and_positive_distinct_speedups(tmp_path):
         "experiment.load=trace", f"experiment.trace.path={f}", "experiment.trace.speedup=[0,2]")
     e = typed("experiment.load=trace", f"experiment.trace.path={f}", "experiment.trace.speedup=[0.5,2]").experiment
     assert e.step_axis() == "speedup" and e.step_label(500) == "0.5"
-    assert "experiment.load='poisson': expected closed, open or trace" in problems("experiment.load=poisson")
+    assert "experiment.load='poisson': expected closed, open, trace or sessions" in problems("experiment.load=poisson")
 
 
 def test_an_slo_search_over_a_traces_speedup_runs_the_trace(tmp_path):
@@ -101,3 +101,53 @@ def test_spec_decode_refuses_a_trace_replay(tmp_path):
     f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 4}\n')
     assert "experiment.load=trace: spec_decode measures a closed or an open loop" in problems(
         "experiment.load=trace", f"experiment.trace.path={f}", experiment="spec_decode")
+
+
+def test_sessions_default_to_three_turns_without_think_time_one_session_per_worker_at_least():
+    s = typed().experiment.sessions
+    assert (s.turns, s.think_time_s, s.think_dist, s.count) == (3, 0.0, "fixed", None)
+    # null count: max(concurrency, ceil(the level's requests / turns))
+    assert s.per_level(concurrency=1, requests=8) == 3  # ceil(8 / 3)
+    assert s.per_level(concurrency=16, requests=64) == 22  # ceil(64 / 3) = 22 >= 16
+    assert s.per_level(concurrency=32, requests=8) == 32
+    e = typed("experiment.load=sessions", "experiment.sessions.count=5",
+              "experiment.concurrency=[1,4]").experiment
+    assert e.sessions.per_level(4, e.requests_for(4)) == 5
+    assert e.step_axis() == "c" and e.step_of(4) == 4 and e.max_in_flight() == 4
+    assert e.sweep_levels() == [1, 4]
+
+
+def test_bad_session_settings_name_their_keys():
+    msg = problems("experiment.load=sessions", "experiment.sessions.turns=0",
+                   "experiment.sessions.think_time_s=-1", "experiment.sessions.think_dist=gamma",
+                   "experiment.sessions.count=0", "experiment.duration_s=5",
+                   "experiment.client_processes=2")
+    for text in ("experiment.sessions.turns=0: expected >= 1",
+                 "experiment.sessions.think_time_s=-1.0: expected >= 0 seconds",
+                 "experiment.sessions.think_dist='gamma': expected fixed or exponential",
+                 "experiment.sessions.count=0: expected >= 1 or null",
+                 "experiment.duration_s=5.0 with experiment.load=sessions: a level runs "
+                 "experiment.sessions.count sessions",
+                 "experiment.client_processes=2 with experiment.load=sessions: one client process "
+                 "sends the sessions"):
+        assert text in msg, text
+    assert "experiment.load='poisson': expected closed, open, trace or sessions" in problems(
+        "experiment.load=poisson")
+    # the session keys are only checked where sessions are sent
+    typed("experiment.sessions.turns=0")
+
+
+def test_a_sessions_last_turn_and_its_answer_are_held_against_max_model_len():
+    # 3 turns of (a 100-token message + a 64-token answer): the last turn's prompt holds 3
+    # messages and 2 answers, + its own answer = 3 × 164 = 492 > 480
+    msg = problems("experiment.load=sessions", "server.max_model_len=480",
+                   "experiment.input_tokens=100")
+    assert ("experiment.sessions.turns=3 × (the longest message + answer, 100 + 64) = 492 tokens "
+            "(a session's last prompt and its answer) exceeds server.max_model_len=480") in msg
+    typed("experiment.load=sessions", "server.max_model_len=492", "experiment.input_tokens=100")
+    typed("server.max_model_len=480", "experiment.input_tokens=100")  # one turn: 164 fits
+
+
+def test_spec_decode_refuses_sessions():
+    assert "experiment.load=sessions: spec_decode measures a closed or an open loop" in problems(
+        "experiment.load=sessions", experiment="spec_decode")

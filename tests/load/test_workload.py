@@ -127,3 +127,26 @@ def test_the_tags_say_what_the_lengths_were_drawn_from(tmp_path):
     c = typed()
     assert Workload(c.experiment, c.server).describe() == {"macro.input_len": "fixed 128",
                                                            "macro.output_len": "fixed 64"}
+
+
+def test_a_sessions_history_from_a_lengths_file_is_held_against_the_context(tok, tmp_path):
+    lengths = tmp_path / "in.txt"
+    lengths.write_text("10\n50\n")
+    # 3 turns × (the longest message 50 + answer 64) = 342 tokens > 300; one turn's 114 would fit
+    c = typed("server.max_model_len=300", "experiment.load=sessions", "experiment.input_len.dist=empirical",
+              f"experiment.input_len.path={lengths}")
+    with pytest.raises(ConfigError, match=r"experiment.sessions.turns=3 × \(the longest message \+ answer "
+                                          r".*50 \+ 64\) = 342 tokens exceeds server.max_model_len=300"):
+        Workload(c.experiment, c.server)
+    c = typed("server.max_model_len=342", "experiment.load=sessions", "experiment.input_len.dist=empirical",
+              f"experiment.input_len.path={lengths}", "experiment.sessions.think_time_s=0.5",
+              "experiment.sessions.think_dist=exponential", "experiment.input_tokens=24")
+    work = Workload(c.experiment, c.server)
+    assert work.describe()["macro.sessions"] == (
+        "3 turns a session, max(c, ceil(the level's requests / turns)) sessions a level; each "
+        "turn's prompt the session's history as token ids (its first prompt, each answer, each new "
+        "message) + a new message of input_len; think time before each later turn exponential, "
+        "mean 0.5 s (seeded per session)")
+    plan = work.sessions(tok)  # its messages' lengths are the file's
+    assert {len(plan.message(s, t)) for s in range(4) for t in (1, 2, 3)} <= {10, 50}
+    assert Workload(typed().experiment, None).sessions(tok) is None  # only with load=sessions

@@ -72,3 +72,33 @@ def test_preemptions_and_the_engines_own_itl_p99_bucket_over_an_interval():
     few = _itl({"0.025": 60, "0.05": 99, "0.1": 99, "+Inf": 99}, 1)
     figs, _ = server_metrics.level_means({}, server_metrics.parse(few, "tiny_kimi"))
     assert "server_itl_ms_p99_le" not in figs and figs["server_preemptions"] == 1
+
+
+def cache_text(enabled: str, queries: float, hits: float) -> str:
+    """vLLM's cache settings (an info gauge, every CacheConfig field a label) and its prefix
+    cache counters, as vLLM 0.32 writes them."""
+    return f"""# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="{enabled}",engine="0",gpu_memory_utilization="0.92"}} 1.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="tiny_kimi"}} {queries}
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="tiny_kimi"}} {hits}
+"""
+
+
+def test_the_prefix_cache_hit_rate_is_over_the_interval_and_says_whether_caching_is_on():
+    on, _ = server_metrics.level_means(server_metrics.parse(cache_text("True", 100, 20), "tiny_kimi"),
+                                       server_metrics.parse(cache_text("True", 300, 170), "tiny_kimi"))
+    # (170 - 20) hit of (300 - 100) looked up
+    assert (on["prefix_cache_queries"], on["prefix_cache_hits"]) == (200, 150)
+    assert on["prefix_cache_hit_rate"] == pytest.approx(0.75) and on["prefix_caching_enabled"] == 1
+    # caching off (vLLM's CPU build for an MLA model): no hit rate, not a misleading 0
+    off, _ = server_metrics.level_means(server_metrics.parse(cache_text("False", 0, 0), "tiny_kimi"),
+                                        server_metrics.parse(cache_text("False", 0, 0), "tiny_kimi"))
+    assert off["prefix_caching_enabled"] == 0 and "prefix_cache_hit_rate" not in off
+    # a server that does not say: nothing claimed either way
+    plain = server_metrics.parse("\n".join(x for x in cache_text("True", 5, 1).splitlines()
+                                           if "cache_config_info" not in x), "tiny_kimi")
+    figs, _ = server_metrics.level_means({}, plain)
+    assert "prefix_caching_enabled" not in figs and figs["prefix_cache_hit_rate"] == pytest.approx(0.2)

@@ -1,10 +1,12 @@
 """What the macro's requests look like: the length of each prompt and output (a distribution
-around experiment.input_tokens / output_tokens) and the trace a `load=trace` sweep replays.
+around experiment.input_tokens / output_tokens), the trace a `load=trace` sweep replays and the
+multi-turn sessions a `load=sessions` sweep runs.
 
 Only the keys and the checks a config can make without reading files; drawing the lengths and
 reading the files (checked line by line before the server starts) is k25exp.load.lengths and
-k25exp.load.trace. The names follow vLLM's `bench serve` (--random-range-ratio) and NVIDIA
-AIPerf (--synthetic-input-tokens-stddev, Mooncake trace replay).
+k25exp.load.trace, running the sessions k25exp.load.sessions. The names follow vLLM's `bench
+serve` (--random-range-ratio) and NVIDIA AIPerf (--synthetic-input-tokens-stddev, Mooncake
+trace replay, multi-turn conversations with a turn delay).
 """
 
 from __future__ import annotations
@@ -99,3 +101,44 @@ class TraceConfig:
                             "(each is a step)")
         if self.block_tokens < 1:
             problems.append(f"experiment.trace.block_tokens={self.block_tokens}: expected >= 1")
+
+
+THINK_DISTS = ("fixed", "exponential")
+
+
+@dataclass
+class SessionConfig:
+    """experiment.load=sessions: multi-turn conversations, `concurrency` of them in flight
+    (closed loop). Each turn's prompt is the session's history (its earlier prompts and the
+    server's answers) plus a new message of a length drawn from experiment.input_len; each
+    answer is experiment.output_len long. The pause before a turn after the first is the
+    user's think time."""
+
+    turns: int = 3  # turns (requests) per session
+    # the pause before each turn after the first, from the end of the answer before it: s
+    # (exponential: the mean)
+    think_time_s: float = 0.0
+    # fixed: exactly think_time_s; exponential: drawn per session from the seed, mean think_time_s
+    think_dist: str = "fixed"
+    # sessions a level runs; null: max(concurrency, ceil(the level's requests / turns)), about
+    # as many requests as a closed-loop level of `rounds` rounds
+    count: Optional[int] = None
+
+    def per_level(self, concurrency: int, requests: int) -> int:
+        """Sessions a level of `concurrency` runs (`requests`: what a closed loop would send)."""
+        return self.count if self.count is not None else max(concurrency, math.ceil(requests / self.turns))
+
+    def longest(self, message: int, answer: int) -> int:
+        """A session's last prompt and its answer at most: every turn's message and answer."""
+        return self.turns * (message + answer)
+
+    def problems(self, problems: list[str]) -> None:
+        if self.turns < 1:
+            problems.append(f"experiment.sessions.turns={self.turns}: expected >= 1")
+        if not self.think_time_s >= 0:
+            problems.append(f"experiment.sessions.think_time_s={self.think_time_s}: expected >= 0 seconds")
+        if self.think_dist not in THINK_DISTS:
+            problems.append(f"experiment.sessions.think_dist={self.think_dist!r}: expected fixed or "
+                            "exponential")
+        if self.count is not None and self.count < 1:
+            problems.append(f"experiment.sessions.count={self.count}: expected >= 1 or null")

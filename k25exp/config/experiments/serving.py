@@ -16,7 +16,7 @@ from omegaconf import MISSING
 
 from k25exp.config.dev_endpoints import dev_endpoint_problems
 from k25exp.config.experiments.base import Registered, experiment, non_negative, positive
-from k25exp.config.experiments.request_shapes import LengthConfig, TraceConfig
+from k25exp.config.experiments.request_shapes import LengthConfig, SessionConfig, TraceConfig
 from k25exp.config.experiments.speculative import SpeculativeSettings
 from k25exp.config.experiments.validity import ValidityConfig
 
@@ -102,12 +102,14 @@ class MacroConfig(Registered):
     # socket per request in flight); step = rate × 1000 (MLflow steps are integers), the rate
     # itself is the metric target_rate_req_s. trace: the requests of experiment.trace at its
     # own times divided by each experiment.trace.speedup (an open loop under the same cap);
-    # step = speedup × 1000.
+    # step = speedup × 1000. sessions: `concurrency` multi-turn sessions in flight, each turn
+    # sent on the session's history (experiment.sessions); step = concurrency.
     load: str = "closed"
     request_rate: List[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
     burstiness: float = 1.0
     max_concurrency: Optional[int] = None
     trace: TraceConfig = field(default_factory=TraceConfig)  # load=trace: the trace replayed
+    sessions: SessionConfig = field(default_factory=SessionConfig)  # load=sessions: the sessions run
     # open, trace: a level whose client sent more than this fraction off the drawn schedule's rate
     # is flagged invalid (it measured the client's pace).
     max_rate_error: float = 0.05
@@ -250,8 +252,8 @@ class MacroConfig(Registered):
             v = getattr(self, key)
             if v is not None and v <= 0:
                 problems.append(f"experiment.{key}={v}: expected a positive number or null")
-        if self.load not in ("closed", "open", "trace"):
-            problems.append(f"experiment.load={self.load!r}: expected closed, open or trace")
+        if self.load not in ("closed", "open", "trace", "sessions"):
+            problems.append(f"experiment.load={self.load!r}: expected closed, open, trace or sessions")
         self.input_len.problems("experiment.input_len", "experiment.input_tokens", self.input_tokens, problems)
         self.output_len.problems("experiment.output_len", "experiment.output_tokens", self.output_tokens,
                                  problems)
@@ -262,6 +264,15 @@ class MacroConfig(Registered):
                     problems.append(f"experiment.{key}={getattr(self, key)} with experiment.load=trace: "
                                     "the trace says what is sent and what prompts share (set it to "
                                     f"{'null' if key == 'duration_s' else 0})")
+        if self.load == "sessions":
+            self.sessions.problems(problems)
+            if self.duration_s is not None:
+                problems.append(f"experiment.duration_s={self.duration_s} with experiment.load=sessions: "
+                                "a level runs experiment.sessions.count sessions (set it to null)")
+            if self.client_processes > 1:
+                problems.append(f"experiment.client_processes={self.client_processes} with "
+                                "experiment.load=sessions: one client process sends the sessions "
+                                "(each turn waits for its session's last answer); set 0 or 1")
         if self.load == "open":
             if not self.request_rate or any(not r > 0 for r in self.request_rate):
                 problems.append(f"experiment.request_rate={self.request_rate}: expected a non-empty list of "
@@ -350,9 +361,10 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
                 ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')", problems)
         if self.spec_repeats < 1:
             problems.append(f"experiment.spec_repeats={self.spec_repeats}: expected >= 1")
-        if self.load == "trace":  # its per-level speedups are logged at the concurrency or rate
-            problems.append("experiment.load=trace: spec_decode measures a closed or an open loop "
-                            "(use experiment=macro to replay a trace, on each server setting)")
+        if self.load in ("trace", "sessions"):  # its comparison is per concurrency or rate
+            problems.append(f"experiment.load={self.load}: spec_decode measures a closed or an open "
+                            "loop (use experiment=macro for a trace or sessions, on each server "
+                            "setting)")
 
 
 @experiment
