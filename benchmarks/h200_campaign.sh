@@ -40,7 +40,7 @@ out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machin
 campaign=${K25_GPU_CAMPAIGN:-h200-kimi-rank}   # the uniform-routing rank's campaign id
 export PYTHON=${PYTHON:-python3}
 common=(hardware=h200_x1 tracking=offline "paths.outputs=$out" "server.model_cache=$out/models"
-        server.enforce_eager=false server.port=0 server.kv_cache_memory_gib=16)
+        server.enforce_eager=false server.port=0 "server.kv_cache_memory_gib=${K25_KV_GIB:-16}")
 kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy model.routing=uniform)
 
 case $stage in
@@ -63,7 +63,7 @@ case $stage in
     [[ $stage == kimi-profile ]] && phases=profile
     [[ $stage == kimi-gemm ]] && phases=gemm
     K25EXP_CAMPAIGN=$campaign PHASES="$phases" ./multirun.sh "${common[@]}" "${kimi[@]}" \
-      profile:experiment.concurrency=1,32,128,256 gemm:experiment.calls=50 \
+      "profile:experiment.concurrency=${K25_PROFILE_LEVELS:-1,32,128,256}" gemm:experiment.calls=50 \
       'gemm:experiment.kernels=[torch_bf16,vllm_linear,marlin]' \
       'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
       'gemm:experiment.m_values=[1,2,4,8,16,32,64,128,256]' \
@@ -114,6 +114,27 @@ case $stage in
       "experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \
       "experiment.alphas=${K25_SPEC_ALPHAS:-[0.5],[0.7],[0.9]}" \
       "experiment.concurrency=${K25_SPEC_LEVELS:-1,4}" || true ;;
+  kimi-context)
+    # context as a sweep axis: the closed loop at each prompt length on one server start (the
+    # jobs of one multirun share it: its settings do not change), the KV cache sized for
+    # c = 16 at 32 k tokens (K25_KV_GIB=40: ~610 k tokens of the rank's MLA cache)
+    K25EXP_CAMPAIGN=h200-kimi-context $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
+      server.max_model_len=33024 experiment.load=closed \
+      "experiment.concurrency=${K25_CONTEXT_LEVELS:-[1,4,16]}" \
+      "experiment.input_tokens=${K25_CONTEXTS:-1024,8192,32768}" || true ;;
+  kimi-load)
+    # the load users send, on one server start: lognormal prompt lengths, multi-turn sessions,
+    # a generated Mooncake-form trace replayed at its own times (one multirun, one start)
+    $PYTHON -m k25exp.load.trace_gen "$out/trace.jsonl" --requests 96 --rate 8 \
+      --input 600:6000 --output 16:128 --seed 0
+    K25EXP_CAMPAIGN=h200-kimi-load $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
+      server.max_model_len=8448 experiment.load=closed,sessions \
+      "experiment.concurrency=${K25_LOAD_LEVELS:-[1,16,64]}" \
+      experiment.input_tokens=1024 experiment.input_len.dist=lognormal \
+      experiment.input_len.sigma=0.5 experiment.input_len.max=6144 || true
+    K25EXP_CAMPAIGN=h200-kimi-load $PYTHON -m k25exp experiment=macro "${common[@]}" "${kimi[@]}" \
+      server.max_model_len=8448 experiment.load=trace "experiment.trace.path=$out/trace.jsonl" \
+      || true ;;
   kimi-skewed)
     # a campaign of its own: its figures never meet the uniform ones in one sum
     K25EXP_CAMPAIGN=h200-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
