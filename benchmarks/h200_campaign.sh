@@ -131,7 +131,7 @@ case $stage in
       server.max_model_len=8448 experiment.load=closed,sessions \
       "experiment.concurrency=${K25_LOAD_LEVELS:-[1,16,64]}" \
       experiment.input_tokens=1024 experiment.input_len.dist=lognormal \
-      experiment.input_len.sigma=0.5 experiment.input_len.max=6144 || true
+      experiment.input_len.sigma=0.5 experiment.input_len.max=2048 || true
     K25EXP_CAMPAIGN=h200-kimi-load $PYTHON -m k25exp experiment=macro "${common[@]}" "${kimi[@]}" \
       server.max_model_len=8448 experiment.load=trace "experiment.trace.path=$out/trace.jsonl" \
       || true ;;
