@@ -141,6 +141,28 @@ def test_an_experiment_key_reaches_only_the_phases_whose_experiment_has_it(tmp_p
                 "server.model_path=/models/Kimi-K2.5\n" in p.stdout) == (not has), name
 
 
+def test_a_context_sweep_reaches_the_macro_and_profile_multiruns(tmp_path):
+    """Context as a sweep axis: a comma list after PHASE: is a Hydra sweep of that phase's
+    multirun (-m), beside the phase's own sweep of other keys (profile's concurrency)."""
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "PHASES": "macro profile gemm"}
+    p = subprocess.run(["./multirun.sh", "server.max_model_len=2048",
+                        "macro:experiment.input_tokens=128,512,1536",
+                        "profile:experiment.input_tokens=128,512,1536",
+                        "profile:experiment.concurrency=1,16"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = {name: line.split() for name, line in _phase_lines(p.stdout).items()}
+    assert set(lines) == {"macro", "profile", "gemm"}
+    for name in ("macro", "profile"):
+        assert lines[name][:3] == ["RUN", "-m", f"experiment={name}"]
+        assert "experiment.input_tokens=128,512,1536" in lines[name]
+        assert "server.max_model_len=2048" in lines[name]
+    # the phase override replaced the profile's own concurrency sweep (1,8,32)
+    assert [a for a in lines["profile"] if a.startswith("experiment.concurrency=")] == [
+        "experiment.concurrency=1,16"]
+    assert not any("input_tokens" in a or a.startswith("server.") for a in lines["gemm"])
+
+
 @pytest.mark.parametrize("arg,reaches,lacking", [
     # added keys and deletions scope by the part of their key some phase has: the server group
     ("+server.env.HF_HOME=/x", SERVED, "server"),

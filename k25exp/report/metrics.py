@@ -42,6 +42,14 @@ GEMM_SHARE = Metric("gemm_share", "GEMM share (GEMM / TPOT)", "%")
 # the step reconciled, TPOT predicted
 RECONCILED = Metric("reconciled_step_ms", "reconciled step", "ms")
 TPOT_PRED_WORST = Metric("tpot_pred_err_pct_worst", "TPOT prediction error, worst level", "pct")
+# a campaign of several request shapes (k25exp.report.context_budget): over every measured
+# (context, concurrency) point, against the engine's TPOT and, the parts without the prefills
+# shared, against the level's decode-only TPOT
+TPOT_CTX_PRED_WORST = Metric("tpot_ctx_pred_err_pct_worst",
+                             "TPOT prediction error, worst (context, concurrency) point", "pct")
+TPOT_CTX_PARTS_WORST = Metric("tpot_ctx_parts_err_pct_worst",
+                              "the parts' error on the decode-only TPOT, worst (context, "
+                              "concurrency) point", "pct")
 # collectives against the link (value in percent, as the key says)
 ALLREDUCE_LINK = Metric("allreduce_busbw_pct_of_link",
                         "all-reduce bus bandwidth at the largest size / link", "% of link")
@@ -65,6 +73,7 @@ SPEC_MODEL_ERR_MAX = Metric("spec_model_err_pct_max", "speculative projection er
 FIGURES = (TPOT, COMM, GEMM, REST, COMM_SHARE_BURST, COMM_SHARE_PROFILE, COMM_SHARE_TRANSPORT,
            COMM_SHARE_WAIT, COMM_SHARE_DIFF, COMM_SHARE_SERVER_BURST,
            COMM_DIFF_PLACEMENT, COMM_DIFF_PATTERN, GEMM_SHARE, RECONCILED, TPOT_PRED_WORST,
+           TPOT_CTX_PRED_WORST, TPOT_CTX_PARTS_WORST,
            ALLREDUCE_LINK, EP_BREAK_EVEN, A2A_KNEE, SCALEOUT_TPOT_C1, SCALEOUT_BURST,
            SCALEOUT_SPLIT, A2A_SWEEP, AR_SWEEP, SPEC_MEASURED_NONE,
            SPEC_MODEL_ERR_MAX)
@@ -104,3 +113,8 @@ SCALEOUT_COMM_PRED = "scaleout_collectives_ms_pred"  # the step's collectives at
 # (k25exp.report.reconcile), among them recon.profiler_slowdown = (profiled step +
 # between-steps gap) / TPOT, the step's period under the profiler over its period without
 RECON = "recon."
+# per request shape of a context sweep (step = concurrency), under this prefix and ending in
+# the shape (in<input tokens>_out<output tokens>): ctx.tpot_pred_ms.in512_out64,
+# ctx.tpot_pred_err_pct.<shape> (against the engine's TPOT), ctx.tpot_parts_err_pct.<shape>
+# (the parts without the prefills shared, against the level's decode-only TPOT)
+CTX = "ctx."

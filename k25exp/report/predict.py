@@ -35,7 +35,7 @@ def predict(c: Campaign, per_c: dict[int, dict[str, float]], micro: Optional[Mic
     if micro.one_rank:
         sec.notes.append(f"{ONE_RANK} (the server ran on one rank: run {micro.one_rank.short}): "
                          "the collectives and their wait count 0 ms at every level")
-    if note := shape_note(profile_runs(c), macro):
+    if note := shape_note(profile_runs(c, macro), macro):
         sec.notes.append(note)
     out = level_metrics(model)
     sec.tables.append(_table(model, macro, tpot_src, uncovered_parts(per_c), micro))
@@ -59,17 +59,22 @@ def model_inputs(macro: RunView, per_c: dict[int, dict[str, float]], micro: Micr
     """The model's inputs at every level of `tpots`: the micro-benchmarks at each (asked in
     level order: Micro records why a part is missing as it is asked), reconcile's metrics per
     profiled concurrency and the macro run's own prefill figures."""
-    names = uncovered_parts(per_c)
-    keys = {**{cat: f"{cat}_profile_ms" for cat in names}, WAIT: "comm_wait_ms",
-            BETWEEN_STEPS: "between_steps_ms"}
-    profiles = {k: Profiled({part: m.get(key) for part, key in keys.items()},
-                            m.get("profiler_overhead_ms"), m.get("comm_server_burst_ms"),
-                            m.get("prefill_us_per_token"), m.get("profile_server_tpot_ms"))
-                for k, m in per_c.items()}
+    profiles = profiled(per_c)
     fit_n = macro.history("prefill_fit_n")
     return Inputs(tpots, {level: _micro_parts(micro, level) for level in sorted(tpots)}, profiles,
                   micro.burst_key == TRANSPORT, macro.history("prefill_tokens_per_decode_step"),
                   {k: (v, fit_n.get(k)) for k, v in macro.history("prefill_shared_us_per_token").items()})
+
+
+def profiled(per_c: dict[int, dict[str, float]]) -> dict[int, Profiled]:
+    """What the model reads of each profile: reconcile's metrics per profiled concurrency."""
+    names = uncovered_parts(per_c)
+    keys = {**{cat: f"{cat}_profile_ms" for cat in names}, WAIT: "comm_wait_ms",
+            BETWEEN_STEPS: "between_steps_ms"}
+    return {k: Profiled({part: m.get(key) for part, key in keys.items()},
+                        m.get("profiler_overhead_ms"), m.get("comm_server_burst_ms"),
+                        m.get("prefill_us_per_token"), m.get("profile_server_tpot_ms"))
+            for k, m in per_c.items()}
 
 
 def _micro_parts(micro: Micro, level: int) -> MicroParts:

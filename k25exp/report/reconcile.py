@@ -73,19 +73,22 @@ def uncovered_parts(per_c: dict[int, dict[str, float]]) -> list[str]:
     return out
 
 
+def shape_of(r: RunView) -> Optional[tuple[int, int]]:
+    """The run's request shape: (experiment.input_tokens, experiment.output_tokens), a length
+    distribution's centres; None when either was not logged."""
+    n_in, n_out = (r.param(f"experiment.{k}_tokens", int) for k in ("input", "output"))
+    return None if n_in is None or n_out is None else (n_in, n_out)
+
+
 def shape_note(profiles: dict[int, RunView], macro: Optional[RunView]) -> str:
     """A note when profiles ran requests of another shape (prompt / output tokens) than the
     macro's: a decode step's cost grows with its context, so their step is not the macro's
     step and the prediction built on it is off by that much. '' when they match or a shape
     was not logged."""
-    def shape(r: RunView) -> Optional[tuple[int, int]]:
-        n_in, n_out = (r.param(f"experiment.{k}_tokens", int) for k in ("input", "output"))
-        return None if n_in is None or n_out is None else (n_in, n_out)
-
-    want = shape(macro) if macro else None
+    want = shape_of(macro) if macro else None
     if want is None:
         return ""
-    other = {k: got for k, p in sorted(profiles.items()) if (got := shape(p)) and got != want}
+    other = {k: got for k, p in sorted(profiles.items()) if (got := shape_of(p)) and got != want}
     if not other:
         return ""
     return ("profiles of another request shape than the macro's (" + f"{want[0]} prompt / {want[1]} "
@@ -94,12 +97,17 @@ def shape_note(profiles: dict[int, RunView], macro: Optional[RunView]) -> str:
               "not the macro's (profile with experiment.input_tokens / output_tokens as the macro)")
 
 
-def profile_runs(c: Campaign) -> dict[int, RunView]:
-    """The latest finished profile run per profiled concurrency."""
+def profile_runs(c: Campaign, macro: Optional[RunView] = None) -> dict[int, RunView]:
+    """The latest finished profile run per profiled concurrency: of the macro's request shape
+    where the campaign profiled that shape at that concurrency (a context sweep profiles
+    several), else of any (shape_note names it)."""
+    want = shape_of(macro) if macro else None
     out: dict[int, RunView] = {}
     for r in c.of("profile"):  # newest first
         k = r.param("experiment.concurrency", int)
-        if k is not None and k not in out and "decode_step_ms" in r.metrics:
+        if k is None or "decode_step_ms" not in r.metrics:
+            continue
+        if k not in out or (shape_of(out[k]) != want and shape_of(r) == want):
             out[k] = r
     return out
 
@@ -231,8 +239,8 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
     """The reconciliation section and, per profiled concurrency, its metrics. `micro` and
     `tpot` (engine_tpot of the macro run) are built here unless the caller shares its own."""
     sec = Section("The decode step in milliseconds: micro-benchmarks vs the profile")
-    profiles = profile_runs(c)
     macro = c.closed_loop_macro()
+    profiles = profile_runs(c, macro)
     micro = micro or Micro(c)
     per_c: dict[int, dict[str, float]] = {}
     if not profiles:
@@ -246,78 +254,89 @@ def reconcile(c: Campaign, micro: Optional[Micro] = None,
         sec.notes.append(note)
     for k in sorted(profiles):
         p = profiles[k]
-        rows, m = [], {}
-        for cat in profile_rows(p):
-            mi = micro.at(cat, k) if cat in MICRO_CATEGORIES else None
-            pr = profile_ms(p, cat)
-            if solo and cat.startswith("comm") and pr is None:
-                pr = 0.0
-            rows.append([cat, mi, pr, (mi - pr) if mi is not None and pr is not None else None,
-                         _row_note(micro, cat, k, mi)])
-            if mi is not None:
-                m[f"{cat}_micro_ms"] = mi
-            if pr is not None:
-                m[f"{cat}_profile_ms"] = pr
-        comm = {x: p.metrics.get(f"comm_{x}_ms_per_step") for x in ("transport", "wait", "raw")}
-        if solo:
-            comm = {x: 0.0 if v is None else v for x, v in comm.items()}
-        burst = micro.at("comm", k)
-        rows.append(["communication (step burst)", burst, comm["transport"],
-                     (burst - comm["transport"]) if None not in (burst, comm["transport"]) else None,
-                     (f"{ONE_RANK}; " if solo else "") +
-                     f"profile: transport {_f(comm['transport'])} + wait {_f(comm['wait'])} = "
-                     f"raw {_f(comm['raw'])} ms (calls' own durations, mean over ranks)"])
-        in_server = p.metrics.get("server_burst_transport_ms")  # the burst in the server's workers
-        if in_server is not None:
-            rows.append(["communication (in-server burst)", in_server, comm["transport"],
-                         (in_server - comm["transport"]) if comm["transport"] is not None else None,
-                         "the same burst in the server's own TP workers, back to back (profile's "
-                         "server_burst_transport_ms); − the step's transport = the op pattern"])
-        step = p.metrics.get("decode_step_ms")
-        tpot = tpots.get(k)
-        gap = p.metrics.get("between_steps_ms")
-        rows.append(["between steps (host)", None, gap, None,
-                     "median gap between consecutive decode steps: in no step's category"])
-        m_pf = p.metrics.get("prefill_us_per_token")  # the profile's prefill steps, per token
-        if m_pf is not None:
-            m["prefill_us_per_token"] = m_pf
-        for name, v in (("between_steps_ms", gap), ("comm_burst_ms", burst),
-                        ("comm_transport_ms", comm["transport"]),
-                        ("comm_wait_ms", comm["wait"]), ("comm_server_burst_ms", in_server),
-                        ("profiled_step_ms", step), ("tpot_ms", tpot)):
-            if v is not None:
-                m[name] = v
-        if step and tpot and gap is not None:
-            m["profiler_slowdown"] = (step + gap) / tpot
-        # the profile's own server start without the profiler, against the macro's server
-        plain, plain_n = (p.metrics.get(f"unprofiled_tpot_{k}") for k in ("ms_mean", "n"))
-        start_note = ""
-        if plain is not None:
-            m["profile_server_tpot_ms"] = plain
-            start_note = (f"; the profile's server without the profiler: {_f(plain)} ms TPOT "
-                          f"(mean of {_f(plain_n, 0)} requests)")
-            if tpot:
-                m["server_start_pct"] = (plain / tpot - 1) * 100
-                start_note += (f", {m['server_start_pct']:+.1f} % against the macro's server "
-                               "(another start of the same server: what no part explains)")
-        ref = p.metrics.get("unprofiled_decode_only_tpot_ms")  # that start's decode-only TPOT
-        if ref is not None and step and gap is not None:
-            m["profiler_overhead_ms"] = step + gap - ref
-            start_note += (f"; the profiler's overhead: {m['profiler_overhead_ms']:.3f} ms per "
-                           f"step (profiled step + gap − that start's decode-only TPOT without "
-                           f"it, {_f(ref)} ms)")
+        rows, m, caption = profile_metrics(p, k, micro, tpots.get(k))
         per_c[k] = m
         sec.tables.append(Table(
             f"concurrency {k}: ms per decode step (profile run {p.short})",
             ["category", "micro ms", "profile ms", "micro − profile", "note"], rows,
-            f"macro TPOT ({tpot_src}) at c={k}: {_f(tpot)} ms (run {macro.short if macro else '-'}); profiled "
-            f"step {_f(step)} ms; profiler slowdown ((profiled step + between-steps gap) / TPOT) "
-            + (f"{_f(m['profiler_slowdown'], 2)}×" if "profiler_slowdown" in m else
-               "missing (" + ("no between_steps_ms in the profile" if gap is None else
-                              "needs the profiled step and TPOT") + ")")
-            + f"; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
-            " of the step counted twice by raw category times" + start_note))
+            f"macro TPOT ({tpot_src}) at c={k}: {_f(tpots.get(k))} ms (run "
+            f"{macro.short if macro else '-'}); " + caption))
     return sec, per_c
+
+
+def profile_metrics(p: RunView, k: int, micro: Micro, tpot: Optional[float]
+                    ) -> tuple[list[list], dict[str, float], str]:
+    """One profile at concurrency k reconciled: its table's rows, its metrics (the report's
+    recon.* at step k: what the prediction reads) and its caption after the macro's TPOT.
+    `tpot`: the macro's TPOT at k (None: none measured there)."""
+    solo = micro.one_rank  # world size 1: the collectives and the wait are 0 ms, not missing
+    rows, m = [], {}
+    for cat in profile_rows(p):
+        mi = micro.at(cat, k) if cat in MICRO_CATEGORIES else None
+        pr = profile_ms(p, cat)
+        if solo and cat.startswith("comm") and pr is None:
+            pr = 0.0
+        rows.append([cat, mi, pr, (mi - pr) if mi is not None and pr is not None else None,
+                     _row_note(micro, cat, k, mi)])
+        if mi is not None:
+            m[f"{cat}_micro_ms"] = mi
+        if pr is not None:
+            m[f"{cat}_profile_ms"] = pr
+    comm = {x: p.metrics.get(f"comm_{x}_ms_per_step") for x in ("transport", "wait", "raw")}
+    if solo:
+        comm = {x: 0.0 if v is None else v for x, v in comm.items()}
+    burst = micro.at("comm", k)
+    rows.append(["communication (step burst)", burst, comm["transport"],
+                 (burst - comm["transport"]) if None not in (burst, comm["transport"]) else None,
+                 (f"{ONE_RANK}; " if solo else "") +
+                 f"profile: transport {_f(comm['transport'])} + wait {_f(comm['wait'])} = "
+                 f"raw {_f(comm['raw'])} ms (calls' own durations, mean over ranks)"])
+    in_server = p.metrics.get("server_burst_transport_ms")  # the burst in the server's workers
+    if in_server is not None:
+        rows.append(["communication (in-server burst)", in_server, comm["transport"],
+                     (in_server - comm["transport"]) if comm["transport"] is not None else None,
+                     "the same burst in the server's own TP workers, back to back (profile's "
+                     "server_burst_transport_ms); − the step's transport = the op pattern"])
+    step = p.metrics.get("decode_step_ms")
+    gap = p.metrics.get("between_steps_ms")
+    rows.append(["between steps (host)", None, gap, None,
+                 "median gap between consecutive decode steps: in no step's category"])
+    m_pf = p.metrics.get("prefill_us_per_token")  # the profile's prefill steps, per token
+    if m_pf is not None:
+        m["prefill_us_per_token"] = m_pf
+    for name, v in (("between_steps_ms", gap), ("comm_burst_ms", burst),
+                    ("comm_transport_ms", comm["transport"]),
+                    ("comm_wait_ms", comm["wait"]), ("comm_server_burst_ms", in_server),
+                    ("profiled_step_ms", step), ("tpot_ms", tpot)):
+        if v is not None:
+            m[name] = v
+    if step and tpot and gap is not None:
+        m["profiler_slowdown"] = (step + gap) / tpot
+    # the profile's own server start without the profiler, against the macro's server
+    plain, plain_n = (p.metrics.get(f"unprofiled_tpot_{x}") for x in ("ms_mean", "n"))
+    start_note = ""
+    if plain is not None:
+        m["profile_server_tpot_ms"] = plain
+        start_note = (f"; the profile's server without the profiler: {_f(plain)} ms TPOT "
+                      f"(mean of {_f(plain_n, 0)} requests)")
+        if tpot:
+            m["server_start_pct"] = (plain / tpot - 1) * 100
+            start_note += (f", {m['server_start_pct']:+.1f} % against the macro's server "
+                           "(another start of the same server: what no part explains)")
+    ref = p.metrics.get("unprofiled_decode_only_tpot_ms")  # that start's decode-only TPOT
+    if ref is not None and step and gap is not None:
+        m["profiler_overhead_ms"] = step + gap - ref
+        start_note += (f"; the profiler's overhead: {m['profiler_overhead_ms']:.3f} ms per "
+                       f"step (profiled step + gap − that start's decode-only TPOT without "
+                       f"it, {_f(ref)} ms)")
+    caption = (f"profiled step {_f(step)} ms; profiler slowdown ((profiled step + between-steps "
+               "gap) / TPOT) "
+               + (f"{_f(m['profiler_slowdown'], 2)}×" if "profiler_slowdown" in m else
+                  "missing (" + ("no between_steps_ms in the profile" if gap is None else
+                                 "needs the profiled step and TPOT") + ")")
+               + f"; overlap {_f(p.metrics.get('overlap_share'), 1)} %"
+               " of the step counted twice by raw category times" + start_note)
+    return rows, m, caption
 
 
 def _row_note(micro: Micro, cat: str, k: int, mi: Optional[float]) -> str:

@@ -25,7 +25,8 @@ from k25exp.tracking.read import RunView
 from k25exp.tracking.ui_links import run_url
 
 HEADLINE = (M.TPOT, M.COMM_SHARE_BURST, M.COMM_SHARE_TRANSPORT, M.COMM_SHARE_WAIT,
-            M.COMM_SHARE_DIFF, M.TPOT_PRED_WORST, M.GEMM_SHARE, M.EP_BREAK_EVEN)
+            M.COMM_SHARE_DIFF, M.TPOT_PRED_WORST, M.TPOT_CTX_PRED_WORST, M.GEMM_SHARE,
+            M.EP_BREAK_EVEN)
 CAVEATS = ("random weights", "refused:")  # notes that change how every figure reads
 
 

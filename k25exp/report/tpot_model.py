@@ -46,6 +46,11 @@ parts were timed isolated says so. At world size 1 (the server ran on one rank) 
 collectives and their wait are 0 ms, not missing: the section says so, and every level whose
 other parts were measured is predicted.
 
+A campaign of several request shapes (a context sweep) prices each level's uncovered parts
+and shared prefills elsewhere (Inputs.priced, k25exp.report.context_model: a fit over every
+profiled (context, c) point, the other levels' prefill cost) in place of the profiles around
+its c; the rest of the sum is as above.
+
 The model is a pure function of what was measured (`predict_levels(Inputs)`: per level, its
 parts, the prediction and its errors, and notes on how each part was had); reading the runs
 and laying the result out as the report's table, caption and plot is k25exp.report.predict's.
@@ -88,6 +93,16 @@ class Profiled:
 
 
 @dataclass(frozen=True)
+class Priced:
+    """A level's uncovered parts and shared prefills priced elsewhere, in place of the profiles
+    around its concurrency (a campaign of several request shapes: k25exp.report.context_model)."""
+    parts: dict[str, Optional[float]]  # each uncovered part, ms per step (None: missing)
+    how: str                           # how they were had, for the level's note
+    prefill_ms: Optional[float]        # the prefills shared, ms per step (None: missing)
+    prefill_note: str                  # how, or why missing
+
+
+@dataclass(frozen=True)
 class Inputs:
     """Everything the model reads, per macro level or profiled concurrency."""
     tpot_ms: dict[int, float]          # the macro's measured TPOT per level (the engine's)
@@ -99,6 +114,7 @@ class Inputs:
     prefill_tokens: dict[int, float] = field(default_factory=dict)  # prefill_tokens_per_decode_step
     # the macro level's own marginal cost: (prefill_shared_us_per_token, prefill_fit_n)
     prefill_fit: dict[int, tuple[float, Optional[float]]] = field(default_factory=dict)
+    priced: dict[int, Priced] = field(default_factory=dict)  # per level: replaces the above
 
 
 @dataclass(frozen=True)
@@ -157,16 +173,21 @@ def predict_levels(inp: Inputs) -> Prediction:
             notes.append("no in-stream figure, timed " + "; ".join(isolated))
         rest: Optional[float] = 0.0
         held, absent = set(), []
-        for part, pts in uncovered.items():
-            v, how = _lerp(pts, level)
+        pr = inp.priced.get(level)
+        for part, pts in (pr.parts if pr else uncovered).items():
+            v, how = (pts, "") if pr else _lerp(pts, level)
             if v is None:  # never 0 ms: the level gets no prediction
                 absent.append(part)
                 continue
             rest += v
             if how:
                 held.add(how)
-        prefill, why_pf = _prefill_ms(inp.prefill_tokens.get(level), per_token, level,
-                                      inp.prefill_fit.get(level))
+        if pr:
+            held.add(pr.how)
+            prefill, why_pf = pr.prefill_ms, pr.prefill_note
+        else:
+            prefill, why_pf = _prefill_ms(inp.prefill_tokens.get(level), per_token, level,
+                                          inp.prefill_fit.get(level))
         if absent:
             notes.append(f"missing: {', '.join(absent)} (not in the profile(s) this level needs)")
             rest = None

@@ -20,8 +20,8 @@ from typing import Sequence
 
 from k25exp.config.experiments import ReportConfig
 from k25exp.config.schema import K25Config
-from k25exp.report import (budget, expert_parallel, link, predict, provenance, reconcile, render,
-                           scale_out, spec_sweep, speculative, tail)
+from k25exp.report import (budget, context_budget, expert_parallel, link, predict, provenance,
+                           reconcile, render, scale_out, spec_sweep, speculative, tail)
 from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section
 from k25exp.report.sources import latest_campaign, load_campaign
@@ -56,6 +56,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     micro, tpot = reconcile.Micro(c), reconcile.engine_tpot(c.closed_loop_macro())  # both sections' inputs
     recon, per_c = reconcile.reconcile(c, micro, tpot)
     pred, per_level = predict.predict(c, per_c, micro, tpot)
+    contexts, per_shape = context_budget.context_budget(c, micro)  # None: one request shape
     so = exp.scale_out
     scaled, per_level_tp = scale_out.scale_out(
         c, dataclasses.asdict(so.external),
@@ -67,6 +68,10 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         spec_sweep.spec_sweep(c, exp.alphas), tail.tail_section(c)]
     if scaled is not None:
         sections.insert(3, scaled)
+    if contexts is not None:
+        sections.insert(3, contexts)
+        pred.notes.append("the newest closed-loop macro run's request shape alone; every shape "
+                          f"the campaign sent: the section '{contexts.title}'")
     if refused:  # refused by name, never summed
         sections[0].notes[:0] = [str(r) for r in refused]
     macro = c.closed_loop_macro()
@@ -94,6 +99,9 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
         rec.log_metrics(m, step=k)
     for k, m in per_level_tp.items():  # step = the rank's macro level
         rec.log_metrics(m, step=k)
+    for key, hist in per_shape.items():  # step = the level's concurrency, one key per shape
+        for k, v in hist.items():
+            rec.log_metrics({key: v}, step=k)
     if per_level:
         worst = max(abs(m[M.TPOT_PRED_ERR]) for m in per_level.values())
         rec.log_metrics({M.TPOT_PRED_ERR_MAX: worst})

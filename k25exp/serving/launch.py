@@ -50,6 +50,34 @@ class LaunchSpec:
                            "secret_names": sorted(self.secret_env)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def changes_from(self, old: "LaunchSpec") -> list[str]:
+        """What differs from `old`'s launch, flag by flag ("--max-model-len 2048 → 4096") and
+        by environment name (values of secrets never shown): why a multirun restarts its
+        server between two jobs."""
+        def flags(argv: list[str]) -> dict[str, str]:
+            out, i = {}, 0
+            while i < len(argv):
+                a = argv[i]
+                if a.startswith("--"):
+                    has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                    out[a] = argv[i + 1] if has_value else "on"
+                    i += 2 if has_value else 1
+                else:
+                    out.setdefault("argv", "")
+                    out["argv"] += (" " if out["argv"] else "") + a
+                    i += 1
+            return out
+
+        a, b = flags(old.argv), flags(self.argv)
+        diff = [f"{k} {a.get(k, '(unset)')} → {b.get(k, '(unset)')}"
+                for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        diff += [f"env {k} {old.env.get(k, '(unset)')} → {self.env.get(k, '(unset)')}"
+                 for k in sorted(set(old.env) | set(self.env)) if old.env.get(k) != self.env.get(k)]
+        if sorted(old.secret_env) != sorted(self.secret_env):
+            diff.append("secret env names " + ",".join(sorted(old.secret_env)) + " → "
+                        + ",".join(sorted(self.secret_env)))
+        return diff
+
     def child_env(self) -> dict[str, str]:
         return {**os.environ, **self.env, **self.secret_env}
 

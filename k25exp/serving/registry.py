@@ -11,11 +11,14 @@ starting stops itself on the way out).
 from __future__ import annotations
 
 import atexit
+import logging
 import signal
 import threading
 
 from k25exp.serving.launch import LaunchSpec
 from k25exp.serving.process import ManagedServer
+
+log = logging.getLogger(__name__)
 
 _servers: dict[str, ManagedServer] = {}
 _lock = threading.Lock()
@@ -35,12 +38,29 @@ def acquire(spec: LaunchSpec) -> tuple[ManagedServer, bool]:
             srv.remember_tree()
             return srv, False
         for k in list(_servers):
-            _servers.pop(k).stop()
+            old = _servers.pop(k)
+            if old.alive():
+                log.warning(restart_line(old.spec, spec))
+            old.stop()
         install_handlers()  # before the start: a signal during it must stop the server too
         srv = ManagedServer(spec).start()
         _servers[key] = srv
         starts.append((key, srv.start_s or 0.0, srv.pid))
         return srv, True
+
+
+def restart_line(old: LaunchSpec, new: LaunchSpec) -> str:
+    """The log line when a job's server settings differ from the running server's: what
+    changed, and (a context sweep's usual cause) how to keep one start across prompt lengths."""
+    diff = new.changes_from(old)
+    line = ("restarting the server: its settings changed since it started ("
+            + ("; ".join(diff) or "launch key only") + "); jobs of one multirun share one "
+            "server only while its settings are unchanged")
+    if any(d.startswith("--max-model-len ") for d in diff):
+        line += (". A sweep of experiment.input_tokens keeps one server start when "
+                 "server.max_model_len is set once, to the longest prompt + output tokens of "
+                 "the sweep, not per context")
+    return line
 
 
 def running() -> list[ManagedServer]:

@@ -75,6 +75,30 @@ def test_multirun_starts_one_server_per_distinct_server_setting(k25, model, tmp_
     assert not orphans(marks=fake_marks(model)), "server processes survived the multirun"
 
 
+def test_a_context_sweep_shares_one_server_start_until_max_model_len_changes(k25, model, tmp_path):
+    """experiment.input_tokens swept in one multirun: the prompt length is the client's, so
+    the server starts once per server.max_model_len (jobs: (512, 16) (512, 32) (1024, 16)
+    (1024, 32)); the one restart names the setting that changed and how to avoid it."""
+    r = k25("-m", *fake(model, tmp_path), *TINY[1:], "experiment.output_tokens=4",
+            "server.max_model_len=512,1024", "experiment.input_tokens=16,32", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, kids = children(r)
+    kids.sort(key=lambda x: x.info.start_time)
+    assert [(x.data.params["server.max_model_len"], x.data.params["experiment.input_tokens"])
+            for x in kids] == [("512", "16"), ("512", "32"), ("1024", "16"), ("1024", "32")]
+    assert [x.data.metrics["server_starts"] for x in kids] == [1, 0, 1, 0]
+    assert [x.data.tags["server.reused"] for x in kids] == ["false", "true", "false", "true"]
+    # each level sent prompts of its job's length (the shape figures of every level)
+    for x in kids:
+        lens = {h.value for h in r.client.get_metric_history(x.info.run_id, "input_len_mean")}
+        assert lens == {float(x.data.params["experiment.input_tokens"])}
+    out = r.stdout + r.stderr
+    assert out.count("restarting the server") == 1
+    assert "(--max-model-len 512 → 1024)" in out
+    assert "server.max_model_len is set once, to the longest prompt + output" in out
+    assert not orphans(marks=fake_marks(model)), "server processes survived the multirun"
+
+
 def test_server_killed_mid_level_fails_the_run_and_keeps_what_was_measured(k25, model, tmp_path):
     # Staggered: when the level's first request ends (and the fault kills the server), the
     # other is still streaming, so the level has both completed and failed requests.

@@ -239,3 +239,25 @@ def test_the_worker_extension_is_loaded_only_where_the_workers_can_import_it():
                                     "server.extra_args=[--worker-extension-cls,my.Ext]").server,
                               Path("/m")).argv
     assert argv.count("--worker-extension-cls") == 1 and argv[-1] == "my.Ext"
+
+
+def test_a_restart_names_the_settings_that_changed():
+    """The line a multirun logs when a job's server differs from the running one: the flags
+    and environment that changed; a changed --max-model-len (a context sweep's usual cause)
+    also says how to keep one start."""
+    from k25exp.serving.registry import restart_line
+
+    def spec(*overrides):
+        return server.launch_spec(typed("experiment=macro", *overrides).server, Path("/m"))
+
+    short, long = spec("server.max_model_len=2048"), spec("server.max_model_len=4096")
+    assert long.changes_from(short) == ["--max-model-len 2048 → 4096"]
+    line = restart_line(short, long)
+    assert "(--max-model-len 2048 → 4096)" in line
+    assert "server.max_model_len is set once, to the longest prompt + output" in line
+    # a flag that appears, a boolean flag gone, an environment value: each named
+    other = spec("server.max_num_seqs=8", "server.enforce_eager=false", "server.cpu_kvcache_space_gib=2")
+    assert other.changes_from(short) == ["--enforce-eager on → (unset)", "--max-num-seqs (unset) → 8",
+                                         "env VLLM_CPU_KVCACHE_SPACE 1 → 2"]
+    assert "max_model_len" not in restart_line(short, other)
+    assert spec("server.max_model_len=2048").changes_from(short) == []
