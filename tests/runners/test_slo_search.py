@@ -4,6 +4,7 @@ scheduled send grows with the rate in a known way."""
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pytest
 
@@ -277,3 +278,31 @@ def test_a_sessions_probe_judges_each_turn_from_its_scheduled_send(model, tmp_pa
         assert bool(meets[k]) == (p90 <= 250 and c.latest("valid")[x] == 1.0), (x, p90)
     assert summary["max_concurrency_meeting_slo"] == max(loads[k] for k, m in meets.items() if m)
     assert rec.tags["slo_search.answer"].startswith(f"{summary['max_concurrency_meeting_slo']:g} sessions (")
+
+
+@pytest.mark.fake_server
+def test_every_probe_of_a_search_sends_the_same_drawn_lengths(model, tmp_path):
+    # prompts uniform in [floor(16 × 0.5), ceil(16 × 1.5)] = [8, 24], outputs in [2, 6]: request
+    # i's lengths depend on the seed and i alone, so every probe sends the same requests and
+    # the probes differ only in their load. E2E >= 10 ms a token after the first: every probe
+    # misses 5 ms (tried 32, 16, 8 req/s).
+    from k25exp.load.lengths import BLOCK
+
+    rec = MemoryRecorder()
+    with pytest.raises(NoLoadMeetsSlo, match=r"tried 32, 16, 8"):
+        _fake_search(model, tmp_path, "experiment.input_len.dist=uniform", "experiment.input_len.range_ratio=0.5",
+                     "experiment.output_len.dist=uniform", "experiment.output_len.range_ratio=0.5",
+                     "experiment.slo={e2e_ms: 5}", "experiment.lowest=8", "experiment.start=32", rec=rec)
+    seed = to_typed(compose_cfg("experiment=slo_search", SLO), gpu_count=lambda: 0).experiment.seed
+    ins = np.random.default_rng([seed, 0, 0]).integers(8, 25, size=BLOCK)[:12]
+    outs = np.random.default_rng([seed, 1, 0]).integers(2, 7, size=BLOCK)[:12]
+    for k, (_, c) in enumerate(rec.children):
+        recs = [orjson.loads(line) for line in (tmp_path / f"probe{k}" / "requests.jsonl").read_bytes().splitlines()]
+        sweep = sorted((r for r in recs if r["phase"] == "sweep"), key=lambda r: r["i"])
+        assert [(r["prompt_tokens_target"], r["max_tokens"]) for r in sweep] == list(zip(ins, outs))
+        # (the fake server counts a text prompt's words, not its tokens: outputs only)
+        assert [r["usage"]["completion_tokens"] for r in sweep] == list(outs)
+        (step,) = c.latest("input_len_mean")
+        assert c.latest("input_len_mean")[step] == pytest.approx(ins.mean())
+        assert c.latest("output_len_max")[step] == outs.max()
+        assert c.tags["macro.input_len"] == "uniform, mean 16, range_ratio 0.5, clipped to [1, none]"
