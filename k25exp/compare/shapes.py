@@ -69,7 +69,7 @@ def shape_notes(pairs) -> list[str]:
         if d:
             by_diff.setdefault(tuple(d), []).append(p.label)
     return [f"the requests differ ({', '.join(labels)}): "
-            + "; ".join(f"{what}: A {x!r}, B {y!r}" for what, x, y in diff)
+            + "; ".join(f"{what}: A `{x}`, B `{y}`" for what, x, y in diff)
             + ". A and B did not send the same requests: their latencies and throughputs differ "
             "by the workload as well as by the server (each level's input_len_mean and "
             "output_len_mean say what it sent)" for diff, labels in by_diff.items()]

@@ -23,7 +23,7 @@ def test_a_length_distribution_against_fixed_lengths_is_said_with_both_shapes():
     a, b = run("a"), run("b", tags={"macro.input_len": UNIFORM})
     assert differences(a, b) == [("input lengths", FIXED, UNIFORM)]
     (note,) = shape_notes([Pair("macro", {}, a, b)])
-    assert note.startswith(f"the requests differ (macro): input lengths: A '{FIXED}', B '{UNIFORM}'. "
+    assert note.startswith(f"the requests differ (macro): input lengths: A `{FIXED}`, B `{UNIFORM}`. "
                            "A and B did not send the same requests")
     assert shape_notes([Pair("macro", {}, a, run("a2"))]) == []  # the same shape: nothing to say
 
@@ -64,4 +64,4 @@ def test_pairs_with_the_same_difference_share_one_note():
              for c in (1, 2)]
     (note,) = shape_notes(pairs)
     assert note.startswith("the requests differ (macro [concurrency=1], macro [concurrency=2]): "
-                           "output lengths: A 'fixed 64', B 'normal, mean 64, stddev 16, clipped to [1, 128]'")
+                           "output lengths: A `fixed 64`, B `normal, mean 64, stddev 16, clipped to [1, 128]`")
