@@ -34,7 +34,7 @@ def to_json(c) -> dict:
                       "n": [r.test.n_a, r.test.n_b] if r.test else None,
                       "worse_beyond_fail_on": r.worse_beyond, "note": r.note} for r in c.rows],
             "tag_diff": c.tag_diff, "param_diff": c.param_diff, "unmatched": c.unmatched,
-            "notes": c.notes}
+            "notes": c.notes, "shape_diff": c.shape_diff}
 
 
 def main(args: list[str]) -> int:

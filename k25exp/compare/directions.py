@@ -15,12 +15,14 @@ LOWER, HIGHER, UNKNOWN = "lower", "higher", "unknown"
 RULES: tuple[tuple[str, str, str], ...] = (
     # no better side: counts, shares, settings, signed gaps, sweep positions
     (r"_n_|gap_pct|share|concurrency|knee|tokens_per_chunk|^(ops|bytes)_per_step$|^completed$"
-     r"|^requests$|server_starts|points_measured|^spec_draft", UNKNOWN, "count / setting / share"),
-    (r"tok_s|request_s", HIGHER, "throughput"),
+     r"|^requests$|server_starts|points_measured|^spec_draft|rate_req_s$", UNKNOWN,
+     "count / setting / share"),  # rate_req_s: an open loop's target, schedule, achieved pace
+    (r"tok_s|request_s|^goodput_req_s$", HIGHER, "throughput"),
+    (r"^(max_)?good_(session_)?fraction$", HIGHER, "goodput (share of requests or sessions meeting the SLO)"),
     (r"gbps|busbw|algbw|tflops|roofline_pct", HIGHER, "bandwidth / compute rate"),
     (r"speedup|throughput_gain|accept", HIGHER, "speed-up / acceptance"),
     (r"^valid$|_valid$", HIGHER, "validity flag (1 = valid)"),
-    (r"errors|wrong|malformed|stall|lagged|failed|invalid|max_rel_err|missing|refused", LOWER,
+    (r"errors|wrong|malformed|stall|lagged|failed|invalid|max_rel_err|missing|refused|^sessions_cut$", LOWER,
      "faults"),
     (r"(_ms|_us)(_|$)|latency|ttft|tpot|itl|e2e|time_us", LOWER, "latency / time"),
     (r"_s$", LOWER, "duration (s)"),

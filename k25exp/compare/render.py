@@ -1,6 +1,7 @@
 """The comparison as a terminal table (rich), Markdown and one self-contained HTML page.
 
-All three are written from the same Comparison: per pair of runs, every figure with A, B,
+All three are written from the same Comparison: a warning first where a pair's runs sent
+different requests (k25exp.compare.shapes); per pair of runs, every figure with A, B,
 the change, which way is better, the adjusted p-value, the bootstrap interval of the median's
 change and the verdict; then the environment (tags) and config (params) that differ.
 """
@@ -93,6 +94,8 @@ def print_terminal(c: Comparison, console=None) -> None:
 
     console = console or Console(width=200)
     console.print(header(c))
+    for line in c.shape_diff:
+        console.print(f"WARNING: {line}", style="bold yellow", markup=False)
     for label, rows in by_pair(c).items():
         t = Table(title=pair_title(c, label), title_justify="left")
         for col in COLUMNS:
@@ -125,6 +128,7 @@ def _md(s: str) -> str:
 
 def markdown(c: Comparison, generated: str, plot_file: Optional[str] = None) -> str:
     lines = [f"# k25exp compare: {c.a.ident} vs {c.b.ident}", "", header(c) + f"; generated {generated}.", ""]
+    lines += [f"> **Warning:** {_md(line)}\n" for line in c.shape_diff]
     if verdict_line(c):
         lines += [f"**{verdict_line(c)}**", ""]
     if plot_file:

@@ -6,7 +6,10 @@ they summarise:
 * macro / spec_decode: `requests.jsonl` (spec_decode: `spec/` and, prefixed `baseline/`,
   `baseline/`): per request TPOT, TTFT, E2E and the median of its inter-chunk gaps (ITL), of
   the single-stream phase (`single_stream_*`) and of each sweep level (step = concurrency, or
-  an open loop's rate or a trace's speedup x 1000: level_steps).
+  an open loop's rate or a trace's speedup x 1000: level_steps); per level also TTFT and E2E
+  from the scheduled send (`ttft_sched_ms_*`, `e2e_sched_ms_*`: the user's view of an open
+  loop, a trace or a session's turn) and, for multi-turn sessions, each turn's TTFT
+  (`turn<k>_ttft_ms_*`, its samples that turn's requests).
   One ITL sample per request, not per gap: a request's gaps share its batch, its position
   and its stalls, so pooling them as independent samples would make p-values far too small.
 * nccl_burst, allreduce_sweep, all_to_all: `raw/` (the ranks' files, read as the runner reads
@@ -49,7 +52,20 @@ def _request_values(recs: list[dict]) -> dict[str, list[float]]:
            "itl_ms": [median([b - a for a, b in zip(r["chunk_s"], r["chunk_s"][1:])]) * 1e3
                       for r in ok if len(r["chunk_s"]) >= 2],  # one per request (docstring)
            "tpot_ms_no_stalls": [r["tpot_s"] * 1e3 for r in ok
-                                 if r.get("tpot_s") is not None and not r.get("stalls")]}
+                                 if r.get("tpot_s") is not None and not r.get("stalls")],
+           # from the scheduled send (open loop, trace, sessions: what goodput and the SLO judge)
+           "ttft_sched_ms": [r["ttft_sched_s"] * 1e3 for r in ok if r.get("ttft_sched_s") is not None],
+           "e2e_sched_ms": [r["e2e_sched_s"] * 1e3 for r in ok if r.get("e2e_sched_s") is not None]}
+    return out
+
+
+def _turn_values(recs: list[dict]) -> dict[int, list[float]]:
+    """A sessions level's TTFT (ms) by turn, of the turns that succeeded (k25exp.load.sessions:
+    the figures turn<k>_ttft_ms_*)."""
+    out: dict[int, list[float]] = {}
+    for r in recs:
+        if r.get("turn") is not None and r.get("ok") and r.get("ttft_s") is not None:
+            out.setdefault(r["turn"], []).append(r["ttft_s"] * 1e3)
     return out
 
 
@@ -82,10 +98,13 @@ def serving_samples(jsonl: Path, prefix: str = "") -> Samples:
     steps = level_steps(sweep)
     for c in sorted(set(steps.values())):
         vals = _request_values([r for r in sweep if steps[r["level"]] == c])
-        for what in ("tpot_ms", "ttft_ms", "e2e_ms", "itl_ms"):
+        for what in ("tpot_ms", "ttft_ms", "e2e_ms", "itl_ms", "ttft_sched_ms", "e2e_sched_ms"):
             if vals[what]:
                 for stat in ("p50", "mean"):
                     out[(f"{prefix}{what}_{stat}", c)] = vals[what]
+        for turn, xs in _turn_values([r for r in sweep if steps[r["level"]] == c]).items():
+            for stat in ("p50", "mean"):
+                out[(f"{prefix}turn{turn}_ttft_ms_{stat}", c)] = xs
         if vals["tpot_ms_no_stalls"]:
             for stat in ("mean", "p50"):
                 out[(f"{prefix}tpot_ms_{stat}_no_stalls", c)] = vals["tpot_ms_no_stalls"]

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from k25exp.compare import directions, envdiff, resolve, samples
+from k25exp.compare import directions, envdiff, resolve, samples, shapes
 from k25exp.compare import significance as stats
 from k25exp.tracking import read
 
@@ -68,6 +68,8 @@ class Comparison:
     fail_on: Optional[float]
     noise: float = DEFAULT_NOISE_PCT
     notes: list[str] = field(default_factory=list)
+    # pairs whose runs sent different requests (k25exp.compare.shapes): said above the figures
+    shape_diff: list[str] = field(default_factory=list)
     ui_url: str = "http://127.0.0.1:5000"  # where `k25exp ui` serves the store: the pages link runs there
 
     @property
@@ -193,5 +195,6 @@ def compare(uri: str, a_id: str, b_id: str, alpha: float = 0.05,
         if side.left_out:
             notes.append(f"left out of {side.ident}: {', '.join(side.left_out)} (not finished)")
     return Comparison(a, b, pairs, rows, unmatched, envdiff.tag_diff(a, b, pairs),
-                      envdiff.param_diff(pairs), alpha, fail_on, noise, notes)
+                      envdiff.param_diff(pairs), alpha, fail_on, noise, notes,
+                      shapes.shape_notes(pairs))
 

@@ -34,6 +34,8 @@ def log(uri: str, c: Comparison, folder: Path, name: str) -> str:
         "compare.pairs": " ".join(f"{p.a.run_id}:{p.b.run_id}" for p in c.pairs),
         "compare.fail_on": "off" if c.fail_on is None else f"{c.fail_on:g}",
         "compare.verdict": "fail" if c.failing else "ok",
+        # whether A and B sent the same requests (k25exp.compare.shapes)
+        "compare.requests": "; ".join(c.shape_diff)[:5000] if c.shape_diff else "same shape",
         "k25exp.experiment": "compare",
         "mlflow.note.content": f"compare of {c.a.kind} {c.a.ident} (A) with {c.b.kind} {c.b.ident} (B)",
     }

@@ -353,18 +353,54 @@ def saturation(levels: Sequence[int], tok_s: Sequence[float], gain: float) -> Op
 SLO_KEYS = {"ttft_ms": "ttft_sched_s", "tpot_ms": "tpot_s", "e2e_ms": "e2e_sched_s"}
 
 
+def meets_slo(r: dict, slo: dict) -> bool:
+    """Whether one request is good (goodput's docstring): it succeeded and meets every bound in
+    `slo`. A request of fewer than 2 output tokens has no TPOT and meets any TPOT bound, as in
+    vLLM's --goodput (it regards that TPOT as 0): with a length distribution or a trace that
+    asks for 1-token answers, counting them as misses would charge the server for decode steps
+    it never ran."""
+    if not r["ok"]:
+        return False
+    for k, bound in slo.items():
+        v = r.get(SLO_KEYS[k])
+        if v is None and k == "tpot_ms" and (r.get("output_tokens") or 0) < 2:
+            continue
+        if v is None or v * 1e3 > bound:
+            return False
+    return True
+
+
 def goodput(records: Sequence[dict], wall_s: float, slo: dict) -> dict:
     """vLLM's --goodput: a request is good when it succeeded and meets every SLO given
     (ttft_ms, tpot_ms, e2e_ms; TTFT and E2E counted from the scheduled send, as a user
-    waits). goodput_req_s / goodput_tok_s over the level's wall time; good_fraction of all
-    requests sent (failed ones included)."""
+    waits; meets_slo). goodput_req_s / goodput_tok_s over the level's wall time; good_fraction
+    of all requests sent (failed ones included). Every request is judged on its own lengths:
+    with a length distribution or a trace, a long prompt's TTFT and a long answer's E2E against
+    the same bounds as a short one's. A multi-turn session's turn is a request like any other:
+    its TTFT and E2E count from its own scheduled send (the end of the answer before it plus
+    the think time), never from the session's start, so the user's think time is never in it
+    (session_goodput: the sessions every turn of which was good)."""
     if not slo:
         return {}
-    good = [r for r in records if r["ok"] and all(
-        r.get(SLO_KEYS[k]) is not None and r[SLO_KEYS[k]] * 1e3 <= v for k, v in slo.items())]
+    good = [r for r in records if meets_slo(r, slo)]
     return {"goodput_req_s": len(good) / wall_s if wall_s > 0 else 0.0,
             "goodput_tok_s": sum(r["output_tokens"] or 0 for r in good) / wall_s if wall_s > 0 else 0.0,
             "good_fraction": len(good) / len(records) if records else 0.0}
+
+
+def session_goodput(records: Sequence[dict], turns: int, slo: dict) -> dict:
+    """good_session_fraction: of the level's sessions, those whose `turns` turns were all sent
+    and all good (meets_slo): a conversation a user had without one slow answer. A session cut
+    short (a failed turn ends it) is not good. {} without an SLO or sessions."""
+    by_session: dict[int, list[dict]] = {}
+    for r in records:
+        if r.get("session") is not None:
+            by_session.setdefault(r["session"], []).append(r)
+    if not slo or not by_session:
+        return {}
+    good = sum(1 for rs in by_session.values()
+               if len(rs) == turns and all(meets_slo(r, slo) for r in rs))
+    return {"good_session_fraction": good / len(by_session)}
 
 
 def send_lag_figures(records: Sequence[dict]) -> dict:

@@ -48,7 +48,7 @@ from k25exp.serving import admin
 from k25exp.load.client import CompletionClient
 from k25exp.serving.endpoint import Connection
 from k25exp.serving.errors import ServerDied, ServerError
-from k25exp.load.level_figures import describe_invalid
+from k25exp.load.level_figures import describe_invalid, session_goodput
 from k25exp.load.progress import Progress
 from k25exp.load.prompts import load_tokenizer
 from k25exp.serving.registry import release
@@ -91,7 +91,8 @@ LEVEL_METRICS |= {  # open loop, goodput, the user's view from the scheduled sen
     "output_tok_s_ci_lo", "output_tok_s_ci_hi", "prefix_cache_queries", "prefix_cache_hits",
     "prefix_cache_hit_rate", "repeats", "client_processes", "client_failures"}
 LEVEL_METRICS |= {  # multi-turn sessions (k25exp.load.sessions); whether the server caches prefixes
-    "sessions", "sessions_completed", "sessions_cut", "think_s_mean", "prefix_caching_enabled"}
+    "sessions", "sessions_completed", "sessions_cut", "think_s_mean", "prefix_caching_enabled",
+    "good_session_fraction"}
 LEVEL_METRICS |= {  # the lengths the level's requests were drawn with; a schedule's send lag
     f"{x}_len_{s}" for x in ("input", "output") for s in ("mean", "std", "min", "max")} | {
     f"send_lag_ms_{s}" for s in ("p50", "p99", "mean", "n")}
@@ -317,6 +318,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     figs = ph.figures(res, srv)
     if sessions is not None:
         figs.update(session_figures(res["records"], sessions.turns))
+        figs.update(session_goodput(res["records"], sessions.turns, exp.slo.bounds()))
     if len(reps) > 1:
         figs.update(repeats.spread(ph.repeat_figures(reps)))
     if not figs["valid"]:

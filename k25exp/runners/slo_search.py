@@ -2,9 +2,15 @@
 
 Each probe is one macro level (the macro runner, called with that single level: the server is
 found by its launch key and reused, so only the first probe may start it), logged as a child
-run: a request rate (open loop), a concurrency (closed loop) or a trace's speedup (load=trace:
-the trace replayed at its times / x). A probe meets the SLO when the experiment's percentile of every SLO metric is at or
-below its bound and the level is valid (no client lag, no delivery stall, rate kept).
+run: a request rate (open loop), a concurrency (closed loop), a trace's speedup (load=trace:
+the trace replayed at its times / x) or a number of multi-turn sessions in flight
+(load=sessions with search_over=concurrency: the question a chat service asks, how many
+conversations it holds within the SLO). A probe meets the SLO when the experiment's percentile
+of every SLO metric is at or below its bound and the level is valid (no client lag, no
+delivery stall, rate kept). A sessions probe's percentile is over every turn of its sessions
+together, each turn's TTFT and E2E from its own scheduled send (the end of the answer before
+it plus the think time: the think time is the user's, never the server's); its per-turn
+TTFTs are in the probe's run (turn<k>_ttft_ms_*).
 Bracketing: from `start`, double while probes meet (until one fails or `highest`), or halve
 while they fail (until one meets or `lowest`); then bisection between the highest meeting and
 the lowest failing load, until (fail − pass) / pass <= tolerance (rates) or fail − pass <= 1
@@ -103,7 +109,8 @@ class Search:
 
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SloSearchConfig = cfg.experiment
-    unit = {"rate": "req/s", "speedup": "speedup"}.get(exp.search_over, "concurrency")
+    unit = {"rate": "req/s", "speedup": "speedup"}.get(
+        exp.search_over, "sessions" if exp.load == "sessions" else "concurrency")
     slo = exp.slo.bounds()
     answer_key = f"max_{exp.search_over}_meeting_slo"
     rec.set_tags({"slo_search.slo": ", ".join(f"p{exp.percentile} {k} <= {v:g}" for k, v in slo.items()),

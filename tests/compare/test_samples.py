@@ -61,6 +61,29 @@ def test_serving_samples_per_phase_and_level(tmp_path):
     assert ("single_stream_ttft_ms", None) in s and not any(k[0].startswith("warmup") for k in s)
 
 
+def test_a_sessions_level_has_samples_per_turn_and_from_the_scheduled_send(tmp_path):
+    # 2 sessions of 2 turns at c = 2, and a trace level at speedup 4 (step 4000); TTFT 10, 30
+    # (turn 1) and 20, 40 ms (turn 2); each waited 5 ms in the client (TTFT from the schedule
+    # 5 ms more). A failed turn is no sample.
+    def rec(level, step, ttft, wait=0.005, ok=True, **kw):
+        return {"phase": "sweep", "level": level, "step": step, "ok": ok, "chunk_s": [ttft, ttft + 0.01],
+                "ttft_s": ttft, "e2e_s": ttft + 0.01, "tpot_s": 0.01, "ttft_sched_s": ttft + wait,
+                "e2e_sched_s": ttft + 0.01 + wait, **kw}
+    _write(tmp_path / "requests.jsonl", [
+        rec(2, 2, 0.010, session=0, turn=1), rec(2, 2, 0.020, session=0, turn=2),
+        rec(2, 2, 0.030, session=1, turn=1), rec(2, 2, 0.040, session=1, turn=2),
+        rec(2, 2, 0.050, session=2, turn=1, ok=False),
+        rec(4.0, 4000, 0.100, wait=0.0), rec(4.0, 4000, 0.200, wait=0.050)])
+    s = serving_samples(tmp_path / "requests.jsonl")
+    assert s[("turn1_ttft_ms_p50", 2)] == pytest.approx([10.0, 30.0])
+    assert s[("turn2_ttft_ms_mean", 2)] == pytest.approx([20.0, 40.0])
+    assert s[("ttft_sched_ms_p50", 2)] == pytest.approx([15.0, 25.0, 35.0, 45.0])
+    assert s[("e2e_sched_ms_mean", 2)] == pytest.approx([25.0, 35.0, 45.0, 55.0])
+    # the trace's level: its own step, no turns
+    assert s[("ttft_sched_ms_p50", 4000)] == pytest.approx([100.0, 250.0])
+    assert not [k for k in s if k[1] == 4000 and k[0].startswith("turn")]
+
+
 def test_figures_without_samples_say_why():
     assert why_no_samples("profile", "comm_share", False).startswith(
         "no samples (shares of one capture)")

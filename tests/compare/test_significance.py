@@ -51,6 +51,11 @@ def test_too_few_samples_are_not_tested():
     ("output_tok_s", "higher"), ("busbw_gbps", "higher"), ("gate_up.tp2/marlin/latency_us", "lower"),
     ("gate_up.tp2/marlin/speedup_vs_bf16", "higher"), ("burst_ms", "lower"), ("errors", "lower"),
     ("tokens_per_chunk", "unknown"), ("saturation_concurrency", "unknown"), ("tpot_gap_pct", "unknown"),
+    # goodput and sessions (the new load shapes' figures)
+    ("good_fraction", "higher"), ("good_session_fraction", "higher"), ("max_good_fraction", "higher"),
+    ("goodput_req_s", "higher"), ("sessions_cut", "lower"), ("turn3_ttft_ms_p50", "lower"),
+    ("ttft_sched_ms_p50", "lower"), ("input_len_mean", "unknown"), ("sessions_completed", "unknown"),
+    ("achieved_rate_req_s", "unknown"),
 ])
 def test_declared_directions(metric, better):
     assert directions.direction(metric)[0] == better

@@ -89,8 +89,9 @@ def test_an_slo_search_over_a_traces_speedup_runs_the_trace(tmp_path):
     e = typed(slo, "experiment.search_over=speedup", "experiment.load=trace",
               f"experiment.trace.path={f}", experiment="slo_search").experiment
     assert e.search_over == "speedup" and e.load == "trace"
-    assert ("experiment.load='open' with search_over=speedup: a rate search runs the open loop, a "
-            "concurrency search the closed loop, a speedup search a trace (load=trace)") in problems(
+    assert ("experiment.load='open' with search_over=speedup: a rate search runs the open loop "
+            "(load=open), a concurrency search the closed loop or multi-turn sessions (load=closed "
+            "or sessions: workers or sessions in flight), a speedup search a trace (load=trace)") in problems(
         slo, "experiment.search_over=speedup", experiment="slo_search")
     assert "experiment.search_over='tokens': expected rate, concurrency or speedup" in problems(
         slo, "experiment.search_over=tokens", experiment="slo_search")

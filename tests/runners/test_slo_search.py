@@ -4,6 +4,8 @@ scheduled send grows with the rate in a known way."""
 
 from __future__ import annotations
 
+import numpy as np
+import orjson
 import pytest
 
 from k25exp.config.validate import ConfigError, to_typed
@@ -11,6 +13,7 @@ from k25exp.runners import runner_for
 from k25exp.runners.slo_search import NoLoadMeetsSlo, Search, answer, verdict
 from k25exp.load.level_figures import level_figures
 from k25exp.serving import server
+from k25exp.stats import percentile
 from k25exp.tracking import MemoryRecorder
 from tests.conftest import compose_cfg
 from tests.serving.helpers import fake_marks, fake_model, fake_overrides, orphans
@@ -91,6 +94,26 @@ def test_bad_search_settings_are_named():
         to_typed(compose_cfg("experiment=slo_search", "experiment.slo.ttft_ms=-3"), gpu_count=lambda: 0)
 
 
+
+def test_a_sessions_search_is_over_the_sessions_in_flight_and_other_axes_are_refused():
+    sessions = ("experiment.load=sessions", "experiment.search_over=concurrency")
+    exp = _exp(load="sessions", search_over="concurrency")
+    assert (exp.load, exp.search_over) == ("sessions", "concurrency")
+    # sessions have no rate of their own: a rate or speedup search over them is refused, naming both keys
+    for axis in ("rate", "speedup"):
+        with pytest.raises(ConfigError, match=rf"experiment.load='sessions' with search_over={axis}: .*"
+                                              r"a concurrency search the closed loop or multi-turn sessions"):
+            to_typed(compose_cfg("experiment=slo_search", SLO, "experiment.load=sessions",
+                                 f"experiment.search_over={axis}"), gpu_count=lambda: 0)
+    # every turn is a sample of the percentile: 4 sessions of 2 turns are 8, p90 needs 10
+    with pytest.raises(ConfigError, match=r"experiment.sessions.count=4 x turns=2 = 8 turns a probe: "
+                                          r"p90 needs at least 10"):
+        to_typed(compose_cfg("experiment=slo_search", SLO, *sessions, "experiment.sessions.count=4",
+                             "experiment.sessions.turns=2"), gpu_count=lambda: 0)
+    to_typed(compose_cfg("experiment=slo_search", SLO, *sessions, "experiment.sessions.count=5",
+                         "experiment.sessions.turns=2"), gpu_count=lambda: 0)  # 10: enough
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     model = fake_model(tmp_path_factory.mktemp("fake_model"))
@@ -99,14 +122,14 @@ def model(tmp_path_factory):
     assert not orphans(marks=fake_marks(model))
 
 
-def _fake_search(model, tmp_path, *overrides):
+def _fake_search(model, tmp_path, *overrides, rec=None):
     ov = [o for o in fake_overrides(model, tmp_path, "FAKE_VLLM_GAP_MS=10") if o != "experiment=macro"]
     cfg = to_typed(compose_cfg("experiment=slo_search", *ov, "experiment.input_tokens=16",
                                "experiment.output_tokens=4", "experiment.warmup=1",
                                "experiment.max_concurrency=1", "experiment.burstiness=1000",
                                "experiment.progress=false", "experiment.requests=12",
                                *overrides, f"paths.outputs={tmp_path}"), gpu_count=lambda: 0)
-    rec = MemoryRecorder()
+    rec = rec if rec is not None else MemoryRecorder()
     return rec, runner_for(cfg.experiment)(cfg, tmp_path, rec)
 
 
@@ -195,3 +218,91 @@ def test_a_speedup_search_replays_a_trace_faster_until_the_slo_breaks(model, tmp
         assert bool(meets[k]) == (p90 <= 60 and c.latest("valid")[step] == 1.0), (x, p90)
     assert answer == max(loads[k] for k, m in meets.items() if m)
     assert rec.tags["slo_search.answer"].startswith(f"{answer:g} speedup (")
+
+
+SESSIONS = ("experiment.load=sessions", "experiment.search_over=concurrency", "experiment.sessions.turns=2",
+            # one late wake-up of a loaded machine voids no probe: these tests are about what a
+            # probe sends and how it is judged (the lag rule lifted; no delivery stall of 4 chunks)
+            "experiment.validity.rule=absolute", "experiment.max_client_lag_ms=1e9",
+            "experiment.stall_min_chunks=100")
+
+
+@pytest.mark.fake_server
+def test_a_sessions_search_probes_sessions_in_flight_and_says_none_met(model, tmp_path):
+    # Each turn's 4 tokens come >= 10 ms apart: E2E >= 30 ms on any machine, over a 5 ms bound.
+    # From 4 sessions in flight, halving to experiment.lowest=1: probes 4, 2, 1, all missing.
+    # Each probe runs max(c, ceil(12 requests / 2 turns)) = 6 sessions of 2 turns: 12 requests.
+    rec = MemoryRecorder()
+    with pytest.raises(NoLoadMeetsSlo, match=r"no probed sessions met the SLO \(p90 of e2e_ms <= 5\); "
+                       r"tried 4, 2, 1, down to experiment.lowest=1"):
+        _fake_search(model, tmp_path, *SESSIONS, "experiment.slo={e2e_ms: 5}", "experiment.start=4",
+                     "experiment.lowest=1", rec=rec)
+    assert rec.latest("probe_load") == {0: 4.0, 1: 2.0, 2: 1.0} and set(rec.latest("probe_meets").values()) == {0.0}
+    for (_, c), k, x in zip(rec.children, range(3), (4, 2, 1)):
+        assert c.tags["macro.load"].startswith(f"sessions: [{x}] multi-turn sessions in flight")
+        assert c.latest("sessions") == {x: 6.0} and c.latest("sessions_completed") == {x: 6.0}
+        assert c.latest("turn1_ttft_ms_n") == {x: 6} and c.latest("turn2_ttft_ms_n") == {x: 6}
+        assert c.latest("completed") == {x: 12.0}
+        recs = [orjson.loads(line) for line in (tmp_path / f"probe{k}" / "requests.jsonl").read_bytes().splitlines()]
+        sweep = [r for r in recs if r["phase"] == "sweep"]
+        # turn 2 is sent on the history: 16 + 4 answer tokens + a 16-token message
+        assert sorted({(r["turn"], r["prompt_tokens_target"], r["usage"]["prompt_tokens"]) for r in sweep}) == [
+            (1, 16, 16), (2, 36, 36)]
+        assert len({r["session"] for r in sweep}) == 6
+    assert "p90 e2e_ms" in (tmp_path / "probes.txt").read_text()
+
+
+@pytest.mark.fake_server
+def test_a_sessions_probe_judges_each_turn_from_its_scheduled_send(model, tmp_path):
+    # 0.3 s of think time before turn 2, a 250 ms TTFT bound: counted from the session's
+    # start, every turn 2 would miss it (half the samples: p90 too); counted from the turn's
+    # own scheduled send (the answer before it + the think time), the think time is not in it.
+    rec, summary = _fake_search(model, tmp_path, *SESSIONS, "experiment.sessions.think_time_s=0.3",
+                                "experiment.slo={ttft_ms: 250}", "experiment.start=1",
+                                "experiment.highest=2")
+    loads, meets = rec.latest("probe_load"), rec.latest("probe_meets")
+    assert len(rec.children) == summary["probes"] == len(loads)
+    for (_, c), k in zip(rec.children, sorted(loads)):
+        x = int(loads[k])
+        recs = [orjson.loads(line) for line in (tmp_path / f"probe{k}" / "requests.jsonl").read_bytes().splitlines()]
+        sweep = [r for r in recs if r["phase"] == "sweep"]
+        first = {r["session"]: r for r in sweep if r["turn"] == 1}
+        ttft = []
+        for r in sweep:
+            if r["turn"] == 2:  # due 0.3 s after the first answer ended
+                a = first[r["session"]]
+                assert r["scheduled_s"] == pytest.approx(a["sent_s"] + a["end_s"] + 0.3, abs=1e-6)
+            ttft.append((max(r["sent_s"] - r["scheduled_s"], 0.0) + r["ttft_s"]) * 1e3)
+        p90 = percentile(ttft, 90)
+        assert c.latest("ttft_sched_ms_p90")[x] == pytest.approx(p90)
+        assert bool(meets[k]) == (p90 <= 250 and c.latest("valid")[x] == 1.0), (x, p90)
+    assert summary["max_concurrency_meeting_slo"] == max(loads[k] for k, m in meets.items() if m)
+    assert rec.tags["slo_search.answer"].startswith(f"{summary['max_concurrency_meeting_slo']:g} sessions (")
+
+
+@pytest.mark.fake_server
+def test_every_probe_of_a_search_sends_the_same_drawn_lengths(model, tmp_path):
+    # prompts uniform in [floor(16 × 0.5), ceil(16 × 1.5)] = [8, 24], outputs in [2, 6]: request
+    # i's lengths depend on the seed and i alone, so every probe sends the same requests and
+    # the probes differ only in their load. E2E >= 10 ms a token after the first: every probe
+    # misses 5 ms (tried 32, 16, 8 req/s).
+    from k25exp.load.lengths import BLOCK
+
+    rec = MemoryRecorder()
+    with pytest.raises(NoLoadMeetsSlo, match=r"tried 32, 16, 8"):
+        _fake_search(model, tmp_path, "experiment.input_len.dist=uniform", "experiment.input_len.range_ratio=0.5",
+                     "experiment.output_len.dist=uniform", "experiment.output_len.range_ratio=0.5",
+                     "experiment.slo={e2e_ms: 5}", "experiment.lowest=8", "experiment.start=32", rec=rec)
+    seed = to_typed(compose_cfg("experiment=slo_search", SLO), gpu_count=lambda: 0).experiment.seed
+    ins = np.random.default_rng([seed, 0, 0]).integers(8, 25, size=BLOCK)[:12]
+    outs = np.random.default_rng([seed, 1, 0]).integers(2, 7, size=BLOCK)[:12]
+    for k, (_, c) in enumerate(rec.children):
+        recs = [orjson.loads(line) for line in (tmp_path / f"probe{k}" / "requests.jsonl").read_bytes().splitlines()]
+        sweep = sorted((r for r in recs if r["phase"] == "sweep"), key=lambda r: r["i"])
+        assert [(r["prompt_tokens_target"], r["max_tokens"]) for r in sweep] == list(zip(ins, outs))
+        # (the fake server counts a text prompt's words, not its tokens: outputs only)
+        assert [r["usage"]["completion_tokens"] for r in sweep] == list(outs)
+        (step,) = c.latest("input_len_mean")
+        assert c.latest("input_len_mean")[step] == pytest.approx(ins.mean())
+        assert c.latest("output_len_max")[step] == outs.max()
+        assert c.tags["macro.input_len"] == "uniform, mean 16, range_ratio 0.5, clipped to [1, none]"

@@ -140,7 +140,7 @@ class EngineStub(StubServer):
             for s in admit + members:
                 o = self._ord[s]
                 self.tokens.setdefault(o, []).append(k)
-                tok = self._token(s.pt, s.i)
+                tok = self._token(s.pt, s.i, s.ids)
                 s.i += 1
                 if inj.hold and inj.hold[0] == o:
                     self._hold[s] = 1.0

@@ -20,6 +20,8 @@ For process-lifecycle tests it also plays a vLLM server's other routes (tests/se
 fake_vllm_server.py runs it as one): `model` names the served model, `api_key` protects /v1/*
 as vLLM does, /metrics gives vLLM's latency histograms (sum and count) over what it served,
 /reset_prefix_cache answers only in dev mode, /version; `misbehave=False` ignores the prompt;
+a prompt of token ids (a multi-turn session's history, k25exp.load.sessions) counts its ids and
+picks no behaviour, and `return_token_ids` streams each answer token's id (TOKEN_ID0 + i);
 `stagger` streams every other completion at half speed (requests sent together end apart).
 
 It records when it wrote each token chunk (`writes`, perf_counter seconds, one list per
@@ -40,27 +42,33 @@ import time
 from typing import Optional
 
 
+TOKEN_ID0 = 100  # the id of an answer's first token (return_token_ids), then 101, 102, ...
+
+
 def _chunk(obj) -> bytes:
     data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-def _vllm_token(model: str, pt: int, i: int) -> bytes:
-    """Token i's chunk as vLLM 0.32 streams it with continuous_usage_stats (HTTP-chunked)."""
+def _vllm_token(model: str, pt: int, i: int, ids: bool = False) -> bytes:
+    """Token i's chunk as vLLM 0.32 streams it with continuous_usage_stats (HTTP-chunked);
+    `ids`: with its token id too (return_token_ids), token i's id being TOKEN_ID0 + i."""
+    choice = {"index": 0, "text": f" t{i}", "logprobs": None, "finish_reason": None,
+              "stop_reason": None, **({"token_ids": [TOKEN_ID0 + i]} if ids else {})}
     return _chunk({"id": "cmpl-5f0c1d2e3a4b4c6d8e9f0a1b2c3d4e5f", "object": "text_completion",
                    "created": 1764662400, "model": model,
-                   "choices": [{"index": 0, "text": f" t{i}", "logprobs": None,
-                                "finish_reason": None, "stop_reason": None}],
+                   "choices": [choice],
                    "usage": {"prompt_tokens": pt, "total_tokens": pt + i + 1,
                              "completion_tokens": i + 1}})
 
 
 class _Stream:
     """A completion in the step engine's batch."""
-    __slots__ = ("writer", "pt", "n", "i", "writes", "done")
+    __slots__ = ("writer", "pt", "n", "i", "writes", "done", "ids")
 
-    def __init__(self, writer, pt: int, n: int, writes: list, done: asyncio.Future):
+    def __init__(self, writer, pt: int, n: int, writes: list, done: asyncio.Future, ids: bool = False):
         self.writer, self.pt, self.n, self.i, self.writes, self.done = writer, pt, n, 0, writes, done
+        self.ids = ids  # return_token_ids
 
 
 def _answer(writer: asyncio.StreamWriter, status: str, body, ctype: str = "application/json") -> None:
@@ -82,7 +90,7 @@ class StubServer:
         self.step_s = step_s  # the batch engine's decode step (0: streams pace themselves)
         self._batch: list[_Stream] = []
         self._wake: Optional[asyncio.Event] = None
-        self._tokens: dict[tuple[int, int], bytes] = {}  # (prompt tokens, i) -> chunk
+        self._tokens: dict[tuple[int, int, bool], bytes] = {}  # (prompt tokens, i, ids) -> chunk
         self.served = {"ttft": [0.0, 0], "tpot": [0.0, 0], "e2e": [0.0, 0]}  # [sum s, count]
         self.requests = 0
         self.writes: list[list[float]] = []
@@ -100,10 +108,10 @@ class StubServer:
             self._tasks.add(engine)
         return self
 
-    def _token(self, pt: int, i: int) -> bytes:
-        b = self._tokens.get((pt, i))
+    def _token(self, pt: int, i: int, ids: bool = False) -> bytes:
+        b = self._tokens.get((pt, i, ids))
         if b is None:
-            b = self._tokens[(pt, i)] = _vllm_token(self.model, pt, i)
+            b = self._tokens[(pt, i, ids)] = _vllm_token(self.model, pt, i, ids)
         return b
 
     async def _engine(self) -> None:
@@ -123,7 +131,7 @@ class StubServer:
                     s.done.set_exception(ConnectionResetError("client gone"))
                     continue
                 try:
-                    s.writer.write(self._token(s.pt, s.i))
+                    s.writer.write(self._token(s.pt, s.i, s.ids))
                 except (ConnectionError, RuntimeError) as e:
                     s.done.set_exception(e)
                     continue
@@ -218,8 +226,11 @@ class StubServer:
         arrived = time.perf_counter()
         req = json.loads(body)
         prompt, n = req.get("prompt", ""), int(req.get("max_tokens", 16))
-        if not self.misbehave:
-            prompt = "fine " * len(prompt.split())
+        ids = bool(req.get("return_token_ids"))
+        # a prompt of token ids (a multi-turn session's history): that many tokens, no words
+        words = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+        if not self.misbehave or isinstance(prompt, list):
+            prompt = "fine " * words
         if "http500" in prompt:
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nboom")
             return True
@@ -227,20 +238,20 @@ class StubServer:
             await asyncio.sleep(30)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
-        pt = len(prompt.split())
+        pt = words
         writes: list[float] = []
         gap_s = self.gap_s * (2 if self.stagger and len(self.writes) % 2 else 1)
         self.writes.append(writes)
 
         def token(i: int) -> bytes:
-            return self._token(pt, i)
+            return self._token(pt, i, ids)
 
         if self.ttft_s:
             await writer.drain()
             await asyncio.sleep(self.ttft_s)
         if self.step_s and not any(k in prompt for k in ("malformed", "stream_error", "cut", "hold")):
             done = asyncio.get_running_loop().create_future()
-            self._batch.append(_Stream(writer, pt, n, writes, done))
+            self._batch.append(_Stream(writer, pt, n, writes, done, ids))
             self._wake.set()
             try:
                 await done

@@ -60,3 +60,29 @@ def test_two_sessions_of_three_turns_send_their_history_and_log_per_turn_ttft(vl
     assert rec.tags["macro.sessions"].startswith("3 turns a session, 2 sessions a level")
     record_property("prefix_caching_enabled", rec.latest("prefix_caching_enabled")[2])
     record_property("results_turns", table)
+
+
+def test_goodput_judges_each_turn_from_its_own_scheduled_send(vllm, tmp_path):
+    # 1 s of think time before turns 2 and 3, a 800 ms TTFT bound. A turn's TTFT counts from
+    # its scheduled send (the answer before it + the think time), so the think time is never
+    # in it; counted from the session's start, no later turn could meet the bound.
+    _, rec, _ = run_macro(
+        tmp_path, *vllm["overrides"], "experiment.warmup=1", "experiment.progress=false",
+        "experiment.load=sessions", "experiment.concurrency=[2]", "experiment.sessions.count=2",
+        "experiment.sessions.turns=3", "experiment.sessions.think_time_s=1.0",
+        "experiment.input_tokens=24", "experiment.output_tokens=6",
+        "experiment.single_stream_requests=0", "experiment.slo.ttft_ms=800")
+    sweep = [r for r in records(tmp_path) if r["phase"] == "sweep"]
+    assert len(sweep) == 6 and all(r["ok"] for r in sweep)
+    first = {r["session"]: r["scheduled_s"] for r in sweep if r["turn"] == 1}
+    for r in sweep:  # a later turn is due over a second after its session began (1 ms: the loop's timer)
+        assert r["scheduled_s"] - first[r["session"]] >= (r["turn"] - 1) * 1.0 - 0.002
+
+    def ttft_from_schedule(r):  # the wait in the client (never negative), then its TTFT
+        return max(r["sent_s"] - r["scheduled_s"], 0.0) + r["ttft_s"]
+
+    good = [r for r in sweep if ttft_from_schedule(r) <= 0.8]
+    assert rec.latest("good_fraction")[2] == pytest.approx(len(good) / 6)
+    assert rec.latest("goodput_req_s")[2] == pytest.approx(len(good) / rec.latest("wall_s")[2])
+    whole = [s for s in (0, 1) if sum(r["session"] == s for r in good) == 3]
+    assert rec.latest("good_session_fraction")[2] == len(whole) / 2

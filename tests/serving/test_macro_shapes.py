@@ -114,3 +114,49 @@ def test_a_replayed_trace_sends_its_lines_at_their_times_scaled(vllm, tmp_path, 
     assert [(r["prompt_tokens_target"], r["usage"]["prompt_tokens"]) for r in single] == [(32, 32)]
     assert summary["peak_speedup"] in (1, 2) and rec.tags["macro.trace"].startswith(f"{trace}: 8 requests")
     assert "speedup" in (out / "results.txt").read_text()
+
+
+# A TPOT bound no decoding request can meet (1 µs a token): the good requests are exactly the
+# 1-token answers, which have no decode step (vLLM's --goodput takes their TPOT as 0).
+NO_DECODE_MEETS = "experiment.slo.tpot_ms=0.001"
+
+
+def test_goodput_on_a_length_distribution_counts_its_one_token_answers(vllm, tmp_path):
+    # outputs drawn from a file of two lengths, 1 and 6, each equally likely
+    lengths = tmp_path / "outputs.txt"
+    lengths.write_text("1\n6\n")
+    cfg, rec, _ = run_macro(tmp_path, *vllm["overrides"], *COMMON, "experiment.input_tokens=24",
+                            "experiment.output_tokens=4", "experiment.output_len.dist=empirical",
+                            f"experiment.output_len.path={lengths}", "experiment.concurrency=[2]",
+                            "experiment.single_stream_requests=0", "experiment.requests=8",
+                            NO_DECODE_MEETS)
+    # request i's output: block 0 of default_rng([seed, 1, 0]).choice([1, 6], 256), entry i
+    want = np.random.default_rng([cfg.experiment.seed, 1, 0]).choice([1, 6], size=BLOCK)[:8]
+    ones = int((want == 1).sum())
+    assert 0 < ones < 8  # the seed draws both: the count below tells the rule apart
+    sweep = sorted((r for r in records(tmp_path) if r["phase"] == "sweep"), key=lambda r: r["prompt_index"])
+    assert [r["max_tokens"] for r in sweep] == list(want)
+    assert all(r["ok"] for r in sweep) and [r["usage"]["completion_tokens"] for r in sweep] == list(want)
+    wall = rec.latest("wall_s")[2]
+    assert rec.latest("good_fraction")[2] == ones / 8  # the old rule counted them as misses: 0
+    assert rec.latest("goodput_req_s")[2] == pytest.approx(ones / wall)
+    assert rec.latest("goodput_tok_s")[2] == pytest.approx(ones / wall)  # one token each
+
+
+def test_goodput_on_a_replayed_trace_counts_its_one_token_lines(vllm, tmp_path):
+    # 6 lines 50 ms apart, answers of 1, 5, 1, 5, 1, 5 tokens: half are good at any speedup
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {50 * k}, "input_length": 24, "output_length": '
+                             f'{1 if k % 2 == 0 else 5}}}\n' for k in range(6)))
+    out = tmp_path / "run"
+    _, rec, _ = run_macro(out, *vllm["overrides"], *COMMON, "experiment.load=trace",
+                          f"experiment.trace.path={trace}", "experiment.trace.speedup=[1,2]",
+                          "experiment.single_stream_requests=0", "experiment.input_tokens=24",
+                          "experiment.output_tokens=4", NO_DECODE_MEETS)
+    sweep = [r for r in records(out) if r["phase"] == "sweep"]
+    assert len(sweep) == 12 and all(r["ok"] for r in sweep)
+    for step in (1000, 2000):
+        wall = rec.latest("wall_s")[step]
+        assert rec.latest("good_fraction")[step] == 0.5
+        assert rec.latest("goodput_req_s")[step] == pytest.approx(3 / wall)
+        assert rec.latest("goodput_tok_s")[step] == pytest.approx(3 / wall)

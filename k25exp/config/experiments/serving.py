@@ -371,11 +371,16 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
 @dataclass
 class SloSearchConfig(MacroConfig):
     """The highest load whose latencies meet an SLO: probes of one level each (the macro
-    measurement, open or closed loop) on one server start, bracketing then bisection.
+    measurement: an open loop, a closed loop, a trace's speedup or multi-turn sessions in
+    flight) on one server start, bracketing then bisection.
 
     A probe meets the SLO when the `percentile` of each metric in `slo` (TTFT and E2E from
     the scheduled send) is at or below its bound, and the level is valid. Each probe is a
-    child run; the answer is max_rate_meeting_slo (or max_concurrency_meeting_slo).
+    child run; the answer is max_rate_meeting_slo (max_concurrency_meeting_slo,
+    max_speedup_meeting_slo). With load=sessions, search_over=concurrency searches the
+    sessions in flight (how many conversations the server holds within the SLO): each turn
+    is one of the probe's requests, its TTFT from its own scheduled send (the answer before
+    it plus the think time), the percentile over every turn of the probe together.
     """
 
     example_overrides: ClassVar[tuple[str, ...]] = ("experiment.slo.ttft_ms=500",)
@@ -391,7 +396,9 @@ class SloSearchConfig(MacroConfig):
 
     name: str = "slo_search"
     _target_: str = "k25exp.runners.slo_search.run"
-    search_over: str = "rate"  # rate (open loop) | concurrency (closed loop) | speedup (load=trace)
+    # rate (open loop) | concurrency (closed loop, or sessions in flight with load=sessions) |
+    # speedup (load=trace)
+    search_over: str = "rate"
     load: str = "open"  # follows search_over (validated)
     percentile: int = 90  # 50 | 90 | 99 of each SLO metric
     start: float = 1.0  # first probe (req/s or concurrency)
@@ -423,13 +430,14 @@ class SloSearchConfig(MacroConfig):
         super().check(cfg, problems)
         from k25exp.stats import min_samples
 
-        loads = {"rate": "open", "concurrency": "closed", "speedup": "trace"}
+        loads = {"rate": ("open",), "concurrency": ("closed", "sessions"), "speedup": ("trace",)}
         if self.search_over not in loads:
             problems.append(f"experiment.search_over={self.search_over!r}: expected rate, concurrency or speedup")
-        elif self.load != loads[self.search_over]:
+        elif self.load not in loads[self.search_over]:
             problems.append(f"experiment.load={self.load!r} with search_over={self.search_over}: a rate search "
-                            "runs the open loop, a concurrency search the closed loop, a speedup search "
-                            "a trace (load=trace)")
+                            "runs the open loop (load=open), a concurrency search the closed loop or "
+                            "multi-turn sessions (load=closed or sessions: workers or sessions in "
+                            "flight), a speedup search a trace (load=trace)")
         if not self.slo.bounds():
             problems.append("experiment.slo: no bound set; expected at least one of "
                             + str(sorted(f.name for f in fields(SloConfig)))
@@ -439,7 +447,14 @@ class SloSearchConfig(MacroConfig):
         else:
             need = min_samples(self.percentile)
             n = self.requests if self.requests is not None else self.min_requests
-            if n < need and self.load != "trace":  # a trace's probes send its lines
+            if self.load == "sessions" and self.sessions.count is not None:
+                # every turn is a request the percentile is over; count sessions a probe
+                n = self.sessions.count * self.sessions.turns
+                if n < need:
+                    problems.append(f"experiment.sessions.count={self.sessions.count} x turns="
+                                    f"{self.sessions.turns} = {n} turns a probe: p{self.percentile} "
+                                    f"needs at least {need} (raise count, or set it to null)")
+            elif n < need and self.load != "trace":  # a trace's probes send its lines
                 problems.append(f"experiment.min_requests / requests = {n}: p{self.percentile} needs at least "
                                 f"{need} requests per probe")
         if not 0 < self.lowest <= self.start <= self.highest:
