@@ -233,8 +233,9 @@ def write_turn_results(out: Path, measured: Sequence[tuple[int, dict]]) -> str:
         series[f"c={c}: {prefix_cache_state(figs)}"] = [figs.get(f"turn{k}_ttft_ms_p50") for k in ks]
     states = "; ".join(f"c={c}: {prefix_cache_state(f)}" for c, f in measured)
     off = any(f.get("prefix_caching_enabled") == 0 for _, f in measured)
-    why = (" (vLLM's CPU build turns prefix caching off for an MLA model such as the tiny Kimi: "
-           "no hit rate, later turns prefill their whole history)" if off else "")
+    why = (" (vLLM's CPU build turns prefix caching off for an MLA model such as the tiny Kimi "
+           "unless its AMX MLA path runs: no hit rate, later turns prefill their whole history)"
+           if off else "")
     text = tables.write(out / "results_turns", cols, rows,
                         "macro sessions: TTFT by turn, ms; n = turns answered (p99 with >= 100 "
                         "only); prompt_tok = mean history sent (tokens); " + states + why)
