@@ -111,16 +111,19 @@ def test_every_injected_slow_token_carries_its_injected_cause(captured, tmp_path
     assert [sorted(want.values()).count(c) for c in ("skipped", "delivery", "host_gap")] == [1, 1, 6]
     got = {(g.gap.request, g.gap.chunk): g.cause for g in t.gaps}
     assert got == want
-    # each slow token's excess is held by named causes (they add up to it)
+    # each slow token's excess is held by named causes (they add up to it). Each part is
+    # measured against what a typical gap holds of it (its median), and a sum of medians is not
+    # the median of the sums: the named parts may fall short of the excess by the steps'
+    # jitter (µs here; 0.004-0.035 ms seen), never by an injected delay (>= 100 ms)
     for g in t.gaps:
-        assert g.parts[UNEXPLAINED] == pytest.approx(0.0, abs=1e-6)
+        assert 0 <= g.parts[UNEXPLAINED] <= 0.01 * g.excess_ms
         assert sum(g.parts.values()) == pytest.approx(g.excess_ms)
     # the parts of each joined gap add up to it exactly
     for g in j.gaps:
         assert sum(g.parts().values()) == pytest.approx(g.gap_ms, abs=1e-6)
     rows = {r[0]: r for r in t.rows()}
     assert {c: rows[c][1] for c in CAUSES} == {c: list(want.values()).count(c) for c in CAUSES}
-    assert t.caused_pct() == pytest.approx(100.0)
+    assert t.caused_pct() >= 99.0
     m = write_tail(t, tmp_path)
     assert m["tail.gaps"] == len(want) and m["tail.cause.skipped_gaps"] == 1
     assert (tmp_path / "timeline.png").stat().st_size > 0
