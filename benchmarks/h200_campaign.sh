@@ -14,9 +14,9 @@
 #   benchmarks/h200_campaign.sh kimi-spec-synth  # a drafter (K25_SPEC, default ngram; K25_SPEC_K)
 #                                              # at synthetic α 0.5/0.7/0.9 × c 1/4/16/64 against
 #                                              # the baseline (and, for ngram, without async
-#                                              # scheduling); campaign h200-kimi-spec
+#                                              # scheduling); campaign <K25_TAG>-kimi-spec
 #   benchmarks/h200_campaign.sh kimi-spec-prof-base  # the speculative step profiled (campaign
-#   benchmarks/h200_campaign.sh kimi-spec-prof-spec  # h200-kimi-spec): the baseline's profile,
+#   benchmarks/h200_campaign.sh kimi-spec-prof-spec  # <K25_TAG>-kimi-spec): the baseline's profile,
 #   benchmarks/h200_campaign.sh kimi-spec-prof-sync  # the n-gram server's at each α and level
 #                                              # (one start), the baseline without async
 #                                              # scheduling; K25_SPEC (spec=), K25_SPEC_LEVELS,
@@ -37,11 +37,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-spec-synth|kimi-spec-prof-base|kimi-spec-prof-spec|kimi-spec-prof-sync|kimi-skewed|kimi-bench|tiny|cuda-tests}
 out=${K25_GPU_OUT:-/tmp/k25out}   # /tmp survives between calls on a warm machine; the tree does not
-campaign=${K25_GPU_CAMPAIGN:-h200-kimi-rank}   # the uniform-routing rank's campaign id
+campaign=${K25_GPU_CAMPAIGN:-${K25_TAG:-h200}-kimi-rank}   # the uniform-routing rank's campaign id
 export PYTHON=${PYTHON:-python3}
-common=(hardware=h200_x1 tracking=offline "paths.outputs=$out" "server.model_cache=$out/models"
+# K25_HW / K25_LAYERS: another one-GPU kind (K25_HW=h100_x1 K25_LAYERS=31: the rank of one
+# stage of TP-8 x PP-2, which fits an H100's 80 GB; its campaign ids start with K25_TAG)
+hw=${K25_HW:-h200_x1}
+tag=${K25_TAG:-h200}
+common=(hardware=$hw tracking=offline "paths.outputs=$out" "server.model_cache=$out/models"
         server.enforce_eager=false server.port=0 "server.kv_cache_memory_gib=${K25_KV_GIB:-16}")
 kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy model.routing=uniform)
+[[ -n ${K25_LAYERS:-} ]] && kimi+=("model.num_hidden_layers=$K25_LAYERS")
 
 case $stage in
   kimi-macro)
@@ -85,7 +90,7 @@ case $stage in
     # baseline without it), K25_SPEC_K its draft length
     spec=${K25_SPEC:-ngram}
     sync=true; [[ $spec == ngram ]] || sync=false
-    K25EXP_CAMPAIGN=${K25_GPU_CAMPAIGN:-h200-kimi-spec} PHASES=spec_decode ./multirun.sh \
+    K25EXP_CAMPAIGN=${K25_GPU_CAMPAIGN:-$tag-kimi-spec} PHASES=spec_decode ./multirun.sh \
       "${common[@]}" "${kimi[@]}" \
       "spec_decode:spec=$spec" spec_decode:experiment.acceptance=synthetic \
       "spec_decode:experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \
@@ -99,7 +104,7 @@ case $stage in
     # their own, so the budget's profile never meets a --no-async-scheduling one
     sync=()
     [[ $stage == kimi-spec-prof-sync ]] && sync=('server.extra_args=[--disable-uvicorn-access-log,--no-async-scheduling]')
-    K25EXP_CAMPAIGN=h200-kimi-spec PHASES=profile ./multirun.sh "${common[@]}" "${kimi[@]}" \
+    K25EXP_CAMPAIGN=$tag-kimi-spec PHASES=profile ./multirun.sh "${common[@]}" "${kimi[@]}" \
       server.max_num_seqs=64 "${sync[@]}" \
       "profile:experiment.concurrency=${K25_SPEC_LEVELS:-1,4,16,64}" || true ;;
   kimi-spec-prof-spec)
@@ -108,7 +113,7 @@ case $stage in
     # (K25_SPEC_BASELINES='[baseline]': the baseline captured in the same job, after the spec
     # server, for a drafter that keeps async scheduling; the default leaves them to the stages
     # above)
-    K25EXP_CAMPAIGN=h200-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
+    K25EXP_CAMPAIGN=$tag-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
       "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 \
       "experiment.baselines=${K25_SPEC_BASELINES:-[]}" \
       "experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \
@@ -118,7 +123,7 @@ case $stage in
     # context as a sweep axis: the closed loop at each prompt length on one server start (the
     # jobs of one multirun share it: its settings do not change), the KV cache sized for
     # c = 16 at 32 k tokens (K25_KV_GIB=40: ~610 k tokens of the rank's MLA cache)
-    K25EXP_CAMPAIGN=h200-kimi-context $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
+    K25EXP_CAMPAIGN=$tag-kimi-context $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
       server.max_model_len=33024 experiment.load=closed \
       "experiment.concurrency=${K25_CONTEXT_LEVELS:-[1,4,16]}" \
       "experiment.input_tokens=${K25_CONTEXTS:-1024,8192,32768}" || true ;;
@@ -127,17 +132,17 @@ case $stage in
     # a generated Mooncake-form trace replayed at its own times (one multirun, one start)
     $PYTHON -m k25exp.load.trace_gen "$out/trace.jsonl" --requests 96 --rate 8 \
       --input 600:6000 --output 16:128 --seed 0
-    K25EXP_CAMPAIGN=h200-kimi-load $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
+    K25EXP_CAMPAIGN=$tag-kimi-load $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
       server.max_model_len=8448 experiment.load=closed,sessions \
       "experiment.concurrency=${K25_LOAD_LEVELS:-[1,16,64]}" \
       experiment.input_tokens=1024 experiment.input_len.dist=lognormal \
       experiment.input_len.sigma=0.5 experiment.input_len.max=2048 || true
-    K25EXP_CAMPAIGN=h200-kimi-load $PYTHON -m k25exp experiment=macro "${common[@]}" "${kimi[@]}" \
+    K25EXP_CAMPAIGN=$tag-kimi-load $PYTHON -m k25exp experiment=macro "${common[@]}" "${kimi[@]}" \
       server.max_model_len=8448 experiment.load=trace "experiment.trace.path=$out/trace.jsonl" \
       || true ;;
   kimi-skewed)
     # a campaign of its own: its figures never meet the uniform ones in one sum
-    K25EXP_CAMPAIGN=h200-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
+    K25EXP_CAMPAIGN=$tag-kimi-skewed PHASES="macro gemm" ./multirun.sh "${common[@]}" "${kimi[@]}" \
       model.routing=skewed 'macro:experiment.concurrency=[32,128]' macro:experiment.load=closed \
       'gemm:experiment.shapes=[router]' 'gemm:experiment.kernels=[torch_bf16]' \
       'gemm:experiment.m_values=[1]' 'gemm:experiment.moe_kernels=[vllm_marlin_moe]' \
@@ -146,9 +151,9 @@ case $stage in
     # one server (as k25exp launches it), both clients alternating, 3 runs each per level
     $PYTHON benchmarks/with_server.py "${common[@]}" "${kimi[@]}" -- \
       $PYTHON -m benchmarks.client_vs_vllm_bench --base-url {base_url} --model {model} \
-      --tokenizer {model_path} hardware=h200_x1 --out "$out/bench" || true ;;
+      --tokenizer {model_path} hardware=$hw --out "$out/bench" || true ;;
   tiny)
-    K25EXP_CAMPAIGN=h200-tiny PHASES="macro profile spec_decode" ./multirun.sh "${common[@]}" \
+    K25EXP_CAMPAIGN=$tag-tiny PHASES="macro profile spec_decode" ./multirun.sh "${common[@]}" \
       'macro:experiment.concurrency=[1,8,32,128]' spec_decode:spec=ngram || true ;;
   cuda-tests)
     shift
