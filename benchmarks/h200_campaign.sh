@@ -21,6 +21,10 @@
 #                                              # (one start), the baseline without async
 #                                              # scheduling; K25_SPEC (spec=), K25_SPEC_LEVELS,
 #                                              # K25_SPEC_ALPHAS
+#   benchmarks/h200_campaign.sh kimi-context   # closed loop at 1k/8k/32k prompts x c 1/4/16, one start
+#   benchmarks/h200_campaign.sh kimi-context-prof  # the profile at those contexts (c 1, 16)
+#   benchmarks/h200_campaign.sh kimi-context-gemm  # the GEMM phase at c 1/4/16 (campaign <K25_TAG>-kimi-context)
+#   benchmarks/h200_campaign.sh kimi-load      # lognormal prompts, sessions, a replayed trace
 #   benchmarks/h200_campaign.sh kimi-skewed    # hot experts: macro c = 32, 128 and the MoE micro
 #   benchmarks/h200_campaign.sh kimi-bench     # k25exp's client beside vLLM's bench serve, 3 × each
 #   benchmarks/h200_campaign.sh tiny           # tiny_kimi: macro, profile, spec_decode (ngram)
@@ -127,6 +131,18 @@ case $stage in
       server.max_model_len=33024 experiment.load=closed \
       "experiment.concurrency=${K25_CONTEXT_LEVELS:-[1,4,16]}" \
       "experiment.input_tokens=${K25_CONTEXTS:-1024,8192,32768}" || true ;;
+  kimi-context-prof|kimi-context-gemm)
+    # the profile at the same contexts (one start: the prompt length is the client's), so the
+    # report's context budget fits attention and KV reads over profiled (context, c) points;
+    # then the campaign's GEMM phase (micro-benchmarks at c, whatever the context)
+    phases=profile; [[ $stage == kimi-context-gemm ]] && phases=gemm
+    K25EXP_CAMPAIGN=$tag-kimi-context PHASES=$phases ./multirun.sh "${common[@]}" "${kimi[@]}" \
+      server.max_model_len=33024 \
+      "profile:experiment.concurrency=${K25_CONTEXT_PROF_LEVELS:-1,16}" \
+      "profile:experiment.input_tokens=${K25_CONTEXTS:-1024,8192,32768}" gemm:experiment.calls=50 \
+      'gemm:experiment.kernels=[torch_bf16,vllm_linear,marlin]' \
+      'gemm:experiment.moe_kernels=[vllm_marlin_moe]' 'gemm:experiment.m_values=[1,4,16]' \
+      'gemm:experiment.moe_batches=[1,4,16]' || true ;;
   kimi-load)
     # the load users send, on one server start: lognormal prompt lengths, multi-turn sessions,
     # a generated Mooncake-form trace replayed at its own times (one multirun, one start)
