@@ -115,12 +115,16 @@ class PromptBuilder:
             fixed, tail = [shared.choice(self.words) for _ in range(self.prefix_tokens)], []
         words = fixed + tail
         words += [rng.choice(self.words) for _ in range(n - len(words))]
+        # what may be dropped when the text counts long (its first word, stripped of its space,
+        # can split in two): its own words, and with a trace's blocks the last block's end too
+        # (blocks that fill the prompt leave no own words); a shared prefix stays whole
+        floor = 1 if blocks else len(fixed)
         for _ in range(4 * n + 20):
             text = "".join(words).lstrip()
             have = count_tokens(self.tok, text)
             if have == length:
                 return text
-            if have > length and len(words) > len(fixed):
+            if have > length and len(words) > floor:
                 words.pop()
             else:
                 words.append(rng.choice(self.words))

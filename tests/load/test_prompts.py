@@ -80,3 +80,22 @@ def test_prompts_naming_the_same_blocks_share_exactly_those_tokens(tok):
     # a block cut short is its first words: c's block 5 against a prompt holding all of it
     full = tok(b.build(1, 64, blocks=[1, 2, 5, 6], block_tokens=16), add_special_tokens=True)["input_ids"]
     assert c == full[:41]  # c is blocks 1, 2 and the first 41 - 32 - bos words of 5: no words of its own
+
+
+def test_blocks_that_fill_the_prompt_exactly_still_give_its_exact_length(tok):
+    # A Mooncake trace line of 1025 tokens naming blocks [8, 9, 50] of 512: two whole blocks
+    # fill the 1024 tokens after the BOS and the third gets no room. Joined and stripped, the
+    # first word may tokenise into more than one token, and the builder could only drop its
+    # own words (there are none) or add more: it failed on the H100 Kimi rank's replay
+    # (line 8 of benchmarks' generated trace). Hand count: 1 BOS + 1024 words = 1025.
+    b = PromptBuilder(tok, 64, seed=0)
+    bos = count_tokens(tok, "")
+    for seed_index in range(6):  # several prompts: whether the first word splits depends on it
+        ids = tok(b.build(seed_index, bos + 1024, blocks=[8 + seed_index, 9, 50]),
+                  add_special_tokens=True)["input_ids"]
+        assert len(ids) == bos + 1024
+    # the blocks stay a shared prefix up to where the prompt ends: two prompts naming [8, 9]
+    x = tok(b.build(0, bos + 1024, blocks=[8, 9, 50]), add_special_tokens=True)["input_ids"]
+    y = tok(b.build(1, bos + 1100, blocks=[8, 9, 51]), add_special_tokens=True)["input_ids"]
+    common = next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), len(x))
+    assert common >= bos + 1022  # at most the last block's final word(s) cut to fit
