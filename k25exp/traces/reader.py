@@ -896,7 +896,7 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
     launch_ts = np.concatenate(cols.launch_ts or [np.zeros(0)])[order]
     launches = Launches(launch_corr[order], launch_lane[order].astype(np.int32),
                         np.rint((launch_ts - base) * 1000.0).astype(np.int64))
-    return Trace(
+    trace = Trace(
         path=path,
         names=names,
         cats=list(DEVICE_CATS + CPU_CATS),
@@ -917,3 +917,13 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
         bytes_read=nbytes,
         read_s=time.perf_counter() - t0,
     )
+    from k25exp.traces import device_copies  # it reads Trace: imported here, not at the top
+
+    if device_copies.missing(trace):
+        # no gpu_user_annotation copies (CUDA graphs): rebuilt from what launched each kernel,
+        # which needs every kernel's correlation id, not only the linked ones'
+        if linked is not None:
+            return read_trace(path, chunk_bytes, fast, None)
+        device_copies.add(trace)
+        trace.read_s = time.perf_counter() - t0
+    return trace

@@ -154,6 +154,10 @@ def select_steps(trace: Trace, device: bool, work_mask, max_steps: int | None = 
         if by_cat.get(cat):
             source, chosen = cat, by_cat[cat]
             break
+    if device and source == "gpu_user_annotation" and trace.metadata.get("k25exp_device_copies"):
+        warnings.append("no device-side (gpu_user_annotation) step annotations in the trace: "
+                        "rebuilt from kernel launches (each kernel's launch inside the host "
+                        "step, k25exp.traces.device_copies)")
     if device and source == "user_annotation":
         warnings.append("no device-side (gpu_user_annotation) step annotations: step windows "
                         "come from host-side annotations, and device work lags them")
