@@ -19,6 +19,8 @@ from k25exp.tracking.read import RunView
 log = logging.getLogger(__name__)
 
 PHASES = tuple(phases(measuring_only=True))  # as the experiment schemas declare them
+# runs that sections read though no campaign runs them as a phase (its report joins them)
+READ_BESIDE = ("spec_profile",)
 
 
 class ReportError(RuntimeError):
@@ -89,7 +91,8 @@ def latest_campaign(uri: str) -> str:
 
 def load_campaign(uri: str, campaign: str) -> Campaign:
     """Every phase run of the campaign (parents and reports left out)."""
-    runs = [r for r in read.campaign_runs(read.client(uri), campaign) if r.phase in PHASES]
+    runs = [r for r in read.campaign_runs(read.client(uri), campaign)
+            if r.phase in PHASES or r.phase in READ_BESIDE]
     if not runs:
         raise ReportError(f"campaign {campaign!r} has no phase runs in {uri} (phases: "
                           f"{', '.join(PHASES)})")

@@ -31,3 +31,17 @@ def test_campaign_ids_become_one_safe_folder():
     assert folder_name("campaign-20261129T120000Z") == "campaign-20261129T120000Z"
     assert folder_name("../../etc") == ".._.._etc" and "/" not in folder_name("a/b")
     assert folder_name("..") == "campaign___" and folder_name(".") == "campaign__"
+
+
+def test_a_campaign_holds_the_runs_its_sections_read_beyond_its_phases(tmp_path):
+    # spec_profile is no campaign phase (multirun.sh never runs it) but the report's
+    # speculative section reads it: load_campaign dropped it, and the section never showed
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c = MlflowClient(uri)
+    exp = c.create_experiment("k25exp/any")
+    for t, phase in enumerate(["spec_decode", "spec_profile", "report"]):
+        c.create_run(exp, start_time=1000 + t, tags={"campaign": "S", "k25exp.experiment": phase})
+    loaded = load_campaign(uri, "S")
+    assert sorted(r.phase for r in loaded.runs) == ["spec_decode", "spec_profile"]
+    assert len(loaded.of("spec_profile", status=None)) == 1
+    assert "spec_profile" not in loaded.missing_phases()  # it is read, never required
