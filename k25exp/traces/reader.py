@@ -39,7 +39,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, contains, eq, is_not
+from operator import attrgetter, eq, is_not
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -60,6 +60,13 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "mtia_runtime", "xpu_runtime", "xp
 # hipExtLaunchKernel, ...): only their correlation ids lead to kernels, and reading the
 # args of every runtime call (stream queries, event records) would cost a tenth of a read.
 LAUNCH_NAME = "aunch"
+# and the copies and fills a step queues (cudaMemcpyAsync, cudaMemsetAsync, hipMemcpy...):
+# the device-side step begins with its inputs' copy (k25exp.traces.device_copies)
+LAUNCH_NAMES = (LAUNCH_NAME, "Memcpy", "Memset")
+
+
+def _is_launch(name) -> bool:
+    return any(k in name for k in LAUNCH_NAMES) if type(name) is str else False
 # Known, and not work: Python frames, profiler overhead and markers, other host-side
 # records, and device-side synchronisation records (waits, not work). A complete event of
 # any category in none of these lists is counted as unrecognised and named in a warning.
@@ -720,7 +727,7 @@ class _Columns:
         launch = (code >= self.launch_code) & is_x
         if launch.any():
             calls = list(compress(events, launch.tolist()))
-            calls = list(compress(calls, map(contains, map(_G_NAME, calls), repeat(LAUNCH_NAME))))
+            calls = list(compress(calls, map(_is_launch, map(_G_NAME, calls))))
             self._add_launches(_int_ids(_field(_args_of(calls), "correlation")), lambda: zip(
                 map(_G_PID, calls), map(_G_TID, calls)), list(map(_G_TS, calls)))
         unknown = (code == _UNKNOWN) & is_x
@@ -792,7 +799,7 @@ class _Columns:
             args = e.get("args")
             args = args if type(args) is dict else {}
             if k >= self.launch_code:
-                if LAUNCH_NAME not in str(e.get("name")):
+                if not _is_launch(e.get("name")):
                     continue
                 l_corr.append(args.get("correlation"))
                 l_keys.append((e.get("pid"), e.get("tid")))

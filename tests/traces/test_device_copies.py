@@ -59,3 +59,29 @@ def test_copies_that_kineto_wrote_are_kept_as_they_are(tmp_path):
     assert len(copies) == 3 and "k25exp_device_copies" not in t.metadata
     sel = select_steps(t, True, t.dur_ns >= 0)
     assert not any("rebuilt" in w for w in sel.warnings)
+
+
+def test_on_a_real_h200_trace_the_rebuilt_copies_are_kinetos_own(tmp_path):
+    # The H200 fixture holds Kineto's gpu_user_annotation copies. Dropped from the file, the
+    # copies rebuilt from the launches (kernels and the steps' input copies) must land where
+    # Kineto put them: a check against what torch's profiler wrote, not against this module.
+    import gzip
+    import json
+    from pathlib import Path
+
+    from k25exp.traces.steps import parse_step_name
+
+    src = Path(__file__).parent / "data" / "h200_decode_6steps.rank0.pt.trace.json.gz"
+    kineto = sorted((a.start_ns, a.end_ns) for a in read_trace(src).annotations
+                    if a.cat == "gpu_user_annotation")
+    assert len(kineto) == 6  # one prefill and five decode steps
+    data = json.loads(gzip.decompress(src.read_bytes()))
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") != "gpu_user_annotation"]
+    stripped = tmp_path / "stripped.json"
+    stripped.write_text(json.dumps(data))
+    t = read_trace(stripped, linked=lambda name: False)
+    ours = sorted((a.start_ns, a.end_ns) for a in t.annotations
+                  if a.cat == "gpu_user_annotation" and parse_step_name(a.name))
+    assert len(ours) == 6
+    for (ks, ke), (s, e) in zip(kineto, ours):  # µs timestamps rounded to ns: 1 ns apart at most
+        assert abs(s - ks) <= 1 and abs(e - ke) <= 1
