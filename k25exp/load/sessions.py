@@ -41,7 +41,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from k25exp.config.experiments.request_shapes import SessionConfig
-from k25exp.load.client import Counter, LoopLag, _result
+from k25exp.load.client import Counter, LoopLag, _result, _start
 from k25exp.load.lengths import Lengths
 from k25exp.load.prompts import PromptBuilder
 from k25exp.stats import mean, min_samples, percentile
@@ -107,17 +107,47 @@ class SessionPlan:
             for t in range(1, self.turns + 1):
                 self.message(s, t)
 
+    def shipped(self, sessions: Sequence[int]) -> "ShippedSessions":
+        """What `sessions` send, without the tokenizer: for client processes
+        (k25exp.load.shards), which take it whole."""
+        ts = range(1, self.turns + 1)
+        return ShippedSessions(self.turns, {(s, t): self.message(s, t) for s in sessions for t in ts},
+                               {(s, t): self.max_tokens(s, t) for s in sessions for t in ts},
+                               {s: self.think_s(s) for s in sessions})
+
+
+class ShippedSessions:
+    """SessionPlan's answers for a fixed set of sessions (messages built, lengths and think
+    times drawn): what a client process needs, picklable."""
+
+    def __init__(self, turns: int, messages: dict, max_tokens: dict, think: dict) -> None:
+        self.turns, self._messages, self._max, self._think = turns, messages, max_tokens, think
+
+    def message(self, session: int, turn: int) -> list[int]:
+        return self._messages[session, turn]
+
+    def max_tokens(self, session: int, turn: int) -> int:
+        return self._max[session, turn]
+
+    def think_s(self, session: int) -> list[float]:
+        return self._think[session]
+
 
 async def run_session_level(client, plan: SessionPlan, *, phase: str, level: int,
                             concurrency: int, n_sessions: int, t0: float, first_session: int = 0,
                             on_record: Optional[Callable[[dict], None]] = None,
                             should_stop: Optional[Callable[[], bool]] = None,
-                            ramp_s: float = 0.0) -> dict:
+                            ramp_s: float = 0.0, workers: Optional[Sequence[int]] = None,
+                            counter=None, start_at: Optional[float] = None,
+                            shard: int = 0) -> dict:
     """`n_sessions` sessions (first_session, first_session + 1, …), `concurrency` in flight,
-    as the module docstring says. Returns as k25exp.load.client.run_level."""
+    as the module docstring says. Returns as k25exp.load.client.run_level. A shard of
+    sessions that several client processes run (k25exp.load.shards) runs only `workers`,
+    claims sessions from the shared `counter` and starts at the shared `start_at`, as
+    run_level's shards do."""
     records: list[dict] = []
-    counter = Counter()
-    start = time.perf_counter()
+    counter = counter or Counter()
+    start = await _start(start_at)
     cpu0 = time.process_time()
     lag = LoopLag()
     lag.start()
@@ -144,7 +174,7 @@ async def run_session_level(client, plan: SessionPlan, *, phase: str, level: int
                 prompt = history + plan.message(s, t)
                 answer: list[int] = []
                 rec = {"phase": phase, "level": level, "i": k * turns + t - 1, "worker": w,
-                       "shard": 0, "session": s, "turn": t, "think_s": pauses[t - 1],
+                       "shard": shard, "session": s, "turn": t, "think_s": pauses[t - 1],
                        "prompt_tokens_target": len(prompt), "max_tokens": plan.max_tokens(s, t),
                        "scheduled_s": scheduled - t0}
                 await client.complete(prompt, rec["max_tokens"], rec, t0, answer=answer)
@@ -161,7 +191,7 @@ async def run_session_level(client, plan: SessionPlan, *, phase: str, level: int
                     break  # the history is broken: the session ends here
                 history = prompt + answer
 
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    await asyncio.gather(*(worker(w) for w in (range(concurrency) if workers is None else workers)))
     return _result(records, start, cpu0, await lag.stop())
 
 

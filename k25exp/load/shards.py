@@ -115,7 +115,16 @@ def _serve(conn, counter: SharedCounter, stop, client_kw: dict, loop_name: str) 
                           should_stop=lambda: bool(stop.value), start_at=go[1])
                 gc.disable()  # as in the parent: no collection pauses while timed
                 try:
-                    if spec["kind"] == "open":
+                    if spec["kind"] == "sessions":
+                        from k25exp.load.sessions import run_session_level
+
+                        kw.pop("max_tokens"), kw.pop("input_tokens")  # the plan holds both
+                        res = loop.run_until_complete(run_session_level(
+                            client, spec["plan"], concurrency=spec["concurrency"],
+                            n_sessions=spec["n_sessions"], first_session=spec["first_session"],
+                            workers=spec["workers"], counter=counter, ramp_s=spec["ramp_s"],
+                            **kw))
+                    elif spec["kind"] == "open":
                         res = loop.run_until_complete(run_open_level(
                             client, spec["prompts"], due_s=spec["due_s"], indices=spec["indices"],
                             max_concurrency=spec["max_concurrency"], **kw))
@@ -236,6 +245,28 @@ class ShardPool:
             return [i for i in range(self.counter.value) if i not in reported]
 
         self._account(res, specs, lost, phase, level, max_tokens, input_tokens, prompts)
+        return res
+
+    async def run_sessions(self, plan, *, phase: str, level: float, concurrency: int,
+                           n_sessions: int, first_session: int, t0: float, ramp_s: float = 0.0,
+                           on_record: Optional[Callable[[dict], None]] = None,
+                           should_stop: Optional[Callable[[], bool]] = None,
+                           processes: int = 2) -> dict:
+        """run_session_level's `concurrency` sessions in flight, over `processes` processes:
+        workers dealt round-robin as in run_closed, each session claimed from the one shared
+        counter, so turns that end on one step are sent by several event loops, not queued
+        behind one. `plan`: a SessionPlan (its sessions are shipped built)."""
+        P = min(processes, concurrency)
+        shipped = plan.shipped(range(first_session, first_session + n_sessions))
+        common = dict(kind="sessions", phase=phase, level=level, max_tokens=0, t0=t0,
+                      input_tokens=None, concurrency=concurrency, n_sessions=n_sessions,
+                      first_session=first_session, ramp_s=ramp_s, plan=shipped)
+        specs = [dict(common, shard=k, workers=list(range(k, concurrency, P)),
+                      lanes=len(range(k, concurrency, P))) for k in range(P)]
+        res = await self._run(specs, on_record, should_stop)
+        # a failed process's session in flight ends there (its history is gone): named in
+        # client_failures, its unsent turns not made up as records
+        self._account(res, specs, lambda k, reported: [], phase, level, 0, None)
         return res
 
     async def run_open(self, prompts: Prompts, *, phase: str, level: float,

@@ -82,7 +82,8 @@ class Phases:
         """One phase: a closed loop of c workers, an open loop at `rate` req/s, the
         schedule `due` (a trace's: s from the start, request i from prompt(i); default the
         job's prompts), or n multi-turn `sessions` from session first_prompt on, c in flight
-        (one client process: each turn waits for its session's last answer); its raw result."""
+        (each turn waits for its session's last answer; over client processes as a closed
+        loop is, k25exp.load.shards.run_sessions); its raw result."""
         exp, errors, done = self.exp, 0, 0
         source = prompt or self.prompt
         what = (f"x{level:g}" if due is not None else f"{rate:g}/s" if rate else f"c={c}")
@@ -110,7 +111,7 @@ class Phases:
         elif rate is not None:
             due = schedule(rate, exp.burstiness, exp.seed + int(level * 1000), n, duration,
                            exact=exp.exact_rate and n is not None)
-        P = 1 if sessions is not None else self.processes(c, n, rate, out_mean)
+        P = self.processes(c, n, rate, out_mean)
         # No garbage collection while a level runs: a full pass over the half million objects
         # transformers leaves behind stalls the event loop for 0.2-1 s (seen as client lag);
         # reference counting frees the level's garbage, the rest goes after.
@@ -118,7 +119,15 @@ class Phases:
             self.client.prepare(c if rate is None else min(len(due), exp.max_in_flight()))
         gc.disable()
         try:
-            if P > 1:
+            if P > 1 and sessions is not None:
+                if self.pool is None:
+                    self.pool = ShardPool(self.client_kw, exp.client_event_loop)
+                res = await self.pool.run_sessions(
+                    sessions, phase=name, level=level, concurrency=c, n_sessions=n,
+                    first_session=first_prompt, t0=self.t0, on_record=on_record,
+                    should_stop=self.dead, processes=P,
+                    ramp_s=exp.ramp_s if name == "sweep" else 0.0)
+            elif P > 1:
                 res = await self._run_processes(P, name, level, c, n, duration, first_prompt,
                                                 due, on_record, source)
             elif sessions is not None:

@@ -122,16 +122,15 @@ def test_bad_session_settings_name_their_keys():
     msg = problems("experiment.load=sessions", "experiment.sessions.turns=0",
                    "experiment.sessions.think_time_s=-1", "experiment.sessions.think_dist=gamma",
                    "experiment.sessions.count=0", "experiment.duration_s=5",
-                   "experiment.client_processes=2")
+                   "experiment.client_processes=2")  # sessions run over client processes too
     for text in ("experiment.sessions.turns=0: expected >= 1",
                  "experiment.sessions.think_time_s=-1.0: expected >= 0 seconds",
                  "experiment.sessions.think_dist='gamma': expected fixed or exponential",
                  "experiment.sessions.count=0: expected >= 1 or null",
                  "experiment.duration_s=5.0 with experiment.load=sessions: a level runs "
-                 "experiment.sessions.count sessions",
-                 "experiment.client_processes=2 with experiment.load=sessions: one client process "
-                 "sends the sessions"):
+                 "experiment.sessions.count sessions"):
         assert text in msg, text
+    assert "client_processes" not in msg
     assert "experiment.load='poisson': expected closed, open, trace or sessions" in problems(
         "experiment.load=poisson")
     # the session keys are only checked where sessions are sent

@@ -279,3 +279,43 @@ def test_a_record_is_read_whole_from_a_pipe_the_event_loop_left_non_blocking():
     assert b.recv() == rec
     writer.join(5)
     raw.close()
+
+
+def test_sessions_over_processes_are_one_closed_loop_of_sessions(stub, pool, tmp_path):
+    """6 sessions of 3 turns, 4 in flight over 2 processes: workers dealt round-robin, each
+    session claimed once from the one counter and all its turns sent by the process that
+    claimed it, each turn on its history (the stub counts a prompt of ids by its length:
+    by hand 8; 8 + 4 + 8 = 20; 20 + 4 + 8 = 32), each due when its session's last answer
+    ended (no think time). A single event loop sends the turns that end on one step one
+    after another; here two loops share them."""
+    from k25exp.config.experiments.request_shapes import LengthConfig, SessionConfig
+    from k25exp.load.lengths import Lengths
+    from k25exp.load.prompts import PromptBuilder, load_tokenizer
+    from k25exp.load.sessions import SessionPlan, session_figures
+    from k25exp.serving.tiny_model import write_tokenizer
+
+    write_tokenizer(tmp_path, 4096, seed=0)
+    tok = load_tokenizer(str(tmp_path))
+    builder = PromptBuilder(tok, 8, 3)
+    plan = SessionPlan(tok, builder, Lengths(LengthConfig(), 8, 3, "input", low=builder.least()),
+                       Lengths(LengthConfig(), 4, 3, "output"), SessionConfig(turns=3), 3)
+
+    async def go():
+        return await pool.run_sessions(plan, phase="sweep", level=4, concurrency=4, n_sessions=6,
+                                       first_session=0, t0=time.perf_counter(), processes=2)
+
+    res = asyncio.run(go())
+    recs = res["records"]
+    assert res["client_failures"] == [] and all(r["ok"] for r in recs)
+    assert sorted((r["session"], r["turn"]) for r in recs) == [(s, t) for s in range(6) for t in (1, 2, 3)]
+    assert {r["worker"] for r in recs if r["shard"] == 0} == {0, 2}
+    assert {r["worker"] for r in recs if r["shard"] == 1} == {1, 3}
+    for s in range(6):
+        mine = sorted((r for r in recs if r["session"] == s), key=lambda r: r["turn"])
+        assert len({(r["shard"], r["worker"]) for r in mine}) == 1  # one worker runs a session
+        assert [r["usage"]["prompt_tokens"] for r in mine] == [8, 20, 32]
+        for a, b in zip(mine, mine[1:]):
+            assert b["scheduled_s"] == pytest.approx(a["sent_s"] + a["end_s"], abs=1e-9)
+    figs = session_figures(recs, 3)
+    assert figs["turn1_ttft_ms_n"] == figs["turn3_ttft_ms_n"] == 6
+    assert len(res["loop_lag_ms_by_process"]) == 2

@@ -269,10 +269,6 @@ class MacroConfig(Registered):
             if self.duration_s is not None:
                 problems.append(f"experiment.duration_s={self.duration_s} with experiment.load=sessions: "
                                 "a level runs experiment.sessions.count sessions (set it to null)")
-            if self.client_processes > 1:
-                problems.append(f"experiment.client_processes={self.client_processes} with "
-                                "experiment.load=sessions: one client process sends the sessions "
-                                "(each turn waits for its session's last answer); set 0 or 1")
         if self.load == "open":
             if not self.request_rate or any(not r > 0 for r in self.request_rate):
                 problems.append(f"experiment.request_rate={self.request_rate}: expected a non-empty list of "
