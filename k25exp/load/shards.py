@@ -7,6 +7,8 @@ over P worker processes, each with its own event loop and connections, and stays
                ramp starts worker w at w × ramp_s / C whichever process runs it), and every
                worker takes its next request index from one counter in shared memory, so
                "n requests, each sent when its worker's last one ended" holds across processes;
+  sessions     as the closed loop, a session claimed from the one counter and all its turns
+               sent by the process that claimed it (k25exp.load.sessions, messages shipped built);
   open loop    the one drawn schedule is split by request index (shard p sends requests
                p, p + P, ...) at their due times; a cap (max_concurrency) is split into P
                equal shares, one per process (a request may then wait for its own shard's
