@@ -120,9 +120,7 @@ class Phases:
         gc.disable()
         try:
             if P > 1 and sessions is not None:
-                if self.pool is None:
-                    self.pool = ShardPool(self.client_kw, exp.client_event_loop)
-                res = await self.pool.run_sessions(
+                res = await self._shards().run_sessions(
                     sessions, phase=name, level=level, concurrency=c, n_sessions=n,
                     first_session=first_prompt, t0=self.t0, on_record=on_record,
                     should_stop=self.dead, processes=P,
@@ -165,8 +163,7 @@ class Phases:
         """The phase over P client processes (k25exp.load.shards): each gets the prompts it
         may send (a count: the texts; a duration: the prompt builder), one start time."""
         exp = self.exp
-        if self.pool is None:
-            self.pool = ShardPool(self.client_kw, exp.client_event_loop)
+        self._shards()
         count = n if due is None else len(due)
         prompts = (Prompts(builder=source, first=first_prompt) if count is None else
                    Prompts({i: source(first_prompt + i) for i in range(count)}))
@@ -179,6 +176,12 @@ class Phases:
         return await self.pool.run_closed(prompts, concurrency=c, n_requests=n,
                                           duration_s=duration,
                                           ramp_s=exp.ramp_s if name == "sweep" else 0.0, **common)
+
+    def _shards(self) -> ShardPool:
+        """The job's client processes, started when a phase first needs them."""
+        if self.pool is None:
+            self.pool = ShardPool(self.client_kw, self.exp.client_event_loop)
+        return self.pool
 
     def write(self, res: dict) -> None:
         """The phase's records into requests.jsonl, once (after the phase is over)."""

@@ -67,6 +67,7 @@ LAUNCH_NAMES = (LAUNCH_NAME, "Memcpy", "Memset")
 
 def _is_launch(name) -> bool:
     return any(k in name for k in LAUNCH_NAMES) if type(name) is str else False
+
 # Known, and not work: Python frames, profiler overhead and markers, other host-side
 # records, and device-side synchronisation records (waits, not work). A complete event of
 # any category in none of these lists is counted as unrecognised and named in a warning.
@@ -929,7 +930,7 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
     if device_copies.missing(trace):
         # no gpu_user_annotation copies (CUDA graphs): rebuilt from what launched each kernel,
         # which needs every kernel's correlation id, not only the linked ones'
-        if linked is not None:
+        if linked is not None and trace.launches.corr.size:  # no launches: nothing to rebuild from
             return read_trace(path, chunk_bytes, fast, None)
         device_copies.add(trace)
         trace.read_s = time.perf_counter() - t0
