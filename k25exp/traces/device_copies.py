@@ -12,6 +12,11 @@ The trace still says what launched each kernel: the kernel's `correlation` id is
 call's (`cudaLaunchKernel`, or `cudaGraphLaunch` for every kernel of a graph replay). A copy
 here spans, on the device, the kernels whose launch falls inside the host range on the host
 range's own thread: the copy Kineto would have written.
+
+Kineto may copy some annotations and not others: on an H100 (vLLM 0.26, torch 2.11) it wrote
+device copies of the model-runner scopes (`gpu_model_runner: forward` ...) and none of the step
+annotations. So copies are rebuilt kind by kind (the steps; each scope name) for every host
+annotation of a kind with no device copy in the trace, not only when the trace has none at all.
 """
 
 from __future__ import annotations
@@ -19,19 +24,53 @@ from __future__ import annotations
 import numpy as np
 
 from k25exp.traces.reader import DEVICE_CATS, Annotation, Trace
+from k25exp.traces.step_phases import SCOPE_PREFIX
+from k25exp.traces.steps import parse_step_name
 
 HOST, DEVICE = "user_annotation", "gpu_user_annotation"
 
 
+def family(name: str) -> str | None:
+    """The annotations the analysis times on the device, by kind: "step" for vLLM's steps,
+    the scope's own name for its model-runner scopes; None for any other (`nccl:all_reduce`
+    goes without a copy in Kineto's traces too)."""
+    if parse_step_name(name) is not None:
+        return "step"
+    return name if name.startswith(SCOPE_PREFIX) else None
+
+
+def uncovered(trace: Trace) -> list[Annotation]:
+    """The host annotations of each timed kind (`family`) of which Kineto wrote no device
+    copy at all, that launched device work on their own thread (those with nothing inside
+    them would get no copy from Kineto either). By kind, not one by one: a step cut off by
+    the profiler's stop has no copy in a trace whose other steps have theirs. Reads the
+    launches alone, which every read keeps."""
+    if not trace.has_device_work() or trace.launches is None or trace.launches.corr.size == 0:
+        return []
+    copied = {family(a.name) for a in trace.annotations if a.cat == DEVICE}
+    host = [a for a in trace.annotations
+            if a.cat == HOST and (f := family(a.name)) is not None and f not in copied]
+    if not host:
+        return []
+    order = np.argsort(trace.launches.start_ns, kind="stable")
+    t, lane = trace.launches.start_ns[order], trace.launches.lane[order]
+    out = []
+    for a in host:
+        lo = int(np.searchsorted(t, a.start_ns, side="left"))
+        hi = int(np.searchsorted(t, a.end_ns, side="right"))
+        if (lane[lo:hi] == a.lane).any():
+            out.append(a)
+    return out
+
+
 def missing(trace: Trace) -> bool:
-    """Device work and host annotations, and not one device-side copy."""
-    cats = {a.cat for a in trace.annotations}
-    return HOST in cats and DEVICE not in cats and trace.has_device_work()
+    """Some host annotation launched device work and has no device-side copy."""
+    return bool(uncovered(trace))
 
 
 def add(trace: Trace) -> int:
     """Appends a `gpu_user_annotation` copy of every host annotation that launched device
-    work (its name, on the device lane of its first kernel); returns how many. Needs every
+    work and has none (its name, on the device lane of its first kernel); returns how many. Needs every
     device event's correlation id (read_trace with linked=None)."""
     if trace.corr is None or trace.launches is None or trace.launches.corr.size == 0:
         return 0
@@ -48,7 +87,7 @@ def add(trace: Trace) -> int:
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
     copies = []
-    for a in [a for a in trace.annotations if a.cat == HOST]:
+    for a in uncovered(trace):
         lo = int(np.searchsorted(t_launch, a.start_ns, side="left"))
         hi = int(np.searchsorted(t_launch, a.end_ns, side="right"))
         inside = np.nonzero(lane_launch[lo:hi] == a.lane)[0] + lo

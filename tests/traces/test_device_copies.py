@@ -85,3 +85,39 @@ def test_on_a_real_h200_trace_the_rebuilt_copies_are_kinetos_own(tmp_path):
     assert len(ours) == 6
     for (ks, ke), (s, e) in zip(kineto, ours):  # µs timestamps rounded to ns: 1 ns apart at most
         assert abs(s - ks) <= 1 and abs(e - ke) <= 1
+
+
+def test_on_a_real_h100_graph_trace_the_steps_hold_kinetos_own_forward_copies():
+    # vLLM 0.26 with CUDA graphs on an H100: Kineto copied the model-runner scopes to the
+    # device and not one step annotation. Each step is rebuilt (a copy of one kind present
+    # must not stop the rebuild of the other), and the device copies Kineto did write of each
+    # step's `gpu_model_runner: forward` (linked to the host scope by External id) must lie
+    # inside that step's rebuilt copy and fill nearly all of it: Kineto's word, not ours.
+    from pathlib import Path
+
+    from k25exp.traces.steps import parse_step_name
+
+    src = Path(__file__).parent / "data" / "h100_graphs_6steps.rank0.pt.trace.json.gz"
+    t = read_trace(src, linked=lambda name: False)
+    host = sorted((a for a in t.annotations
+                   if a.cat == "user_annotation" and parse_step_name(a.name)), key=lambda a: a.start_ns)
+    dev = sorted((a for a in t.annotations
+                  if a.cat == "gpu_user_annotation" and parse_step_name(a.name)), key=lambda a: a.start_ns)
+    assert len(host) == 7 and len(dev) == 6  # the 7th host step's kernels are cut off the file
+    fwd_host = {a.ext_id: a for a in t.annotations
+                if a.cat == "user_annotation" and a.name == "gpu_model_runner: forward"}
+    fwd_dev = [a for a in t.annotations
+               if a.cat == "gpu_user_annotation" and a.name == "gpu_model_runner: forward"]
+    checked = 0
+    for h, d in zip(host, dev):
+        mine = [f for f in fwd_dev if fwd_host.get(f.ext_id) is not None
+                and h.start_ns <= fwd_host[f.ext_id].start_ns < h.end_ns]
+        assert mine, h.name
+        for f in mine:
+            assert d.start_ns <= f.start_ns and f.end_ns <= d.end_ns
+        span = max(f.end_ns for f in mine) - min(f.start_ns for f in mine)
+        assert span >= 0.95 * (d.end_ns - d.start_ns)
+        # the host range is the queueing only: the device step is several times longer
+        assert d.end_ns - d.start_ns > 3 * (h.end_ns - h.start_ns)
+        checked += len(mine)
+    assert checked == 12  # two lanes' copies per step, by hand from the file

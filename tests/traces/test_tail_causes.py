@@ -132,20 +132,21 @@ def test_every_injected_slow_token_carries_its_injected_cause(captured, tmp_path
 
 def test_the_clocks_agree_within_the_measured_bracket(captured):
     """Both sides read the host's system clock: the causality bracket holds 0 (no shift), and
-    it is narrow: the stub's smallest delivery and send-to-prefill times, a few ms."""
-    _, recs, clock, trace = captured
+    it is as narrow as the stub's own log says it can be: its upper end is at most the
+    smallest send-to-prefill time of any request, its lower end at most the last token's
+    delivery below 0 (the last step's end to the last arrival). Both are delays of this run,
+    counted from the stub's log, not a bound in ms: a loaded machine widens them alike."""
+    stub, recs, clock, trace = captured
     al = join(engine_steps(trace), recs, clock).alignment
     assert al.lo_ms <= 0 <= al.hi_ms and al.shift_ms == 0
-    assert al.error_ms < 15 and al.lower_n == sum(len(r["chunk_s"]) for r in recs)
-    assert al.pair_us < 50 and abs(al.drift_us) < 100
-
-
-def test_at_the_level_p99_every_tail_gap_is_an_injected_one(captured):
-    """Without a given threshold the tail is the gaps above the level's p99: on this level
-    they are injected ones (the 20 slowest tokens are), each with its injected cause."""
-    stub, recs, clock, trace = captured
-    t = tail(join(engine_steps(trace), recs, clock))
-    assert t.p99_ms is not None and t.n >= 100
-    want = expected(stub)
-    assert t.gaps and all(want.get((g.gap.request, g.gap.chunk)) == g.cause for g in t.gaps)
-    assert t.caused_pct() >= 95
+    assert al.lower_n == sum(len(r["chunk_s"]) for r in recs)
+    start_ns = {row["step"]: row["start_ns"] for row in stub.log}
+    # by hand: the step that admitted each request (ordinal = the record's i for the long
+    # ones; the burst's four share one step) against the client's send on the same clock
+    first = {o: steps[0] for o, steps in stub.tokens.items()}
+    to_prefill_ms = [(start_ns[first[r["i"]]] - clock.wall_ns(r["sent_s"])) / 1e6 for r in recs]
+    assert al.hi_ms <= min(to_prefill_ms) + 0.01
+    # the last token to arrive needs every step done: the last step's end bounds it
+    last_end_ns = max(row["end_ns"] for row in stub.log)
+    last_arrival_ns = max(clock.wall_ns(r["sent_s"] + r["chunk_s"][-1]) for r in recs)
+    assert -al.lo_ms <= (last_arrival_ns - last_end_ns) / 1e6 + 0.01
