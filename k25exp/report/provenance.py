@@ -156,17 +156,32 @@ def campaign_values(c: Campaign) -> dict[str, str]:
     return out
 
 
+TRACED_PHASES = ("profile", "spec_profile")
+
+
+def host_steps_on_a_device(r: RunView) -> Optional[tuple[str, str, str]]:
+    """A traced run on a GPU whose steps were timed by their host ranges (no device-side step
+    annotation, none rebuilt: runs analysed before k25exp.traces.device_copies rebuilt them
+    kind by kind). The host range ends when the step is queued: its shares and step time
+    are not the device's, so no section may use them."""
+    sources = set(filter(None, r.tags.get("trace.step_source", "").split(",")))
+    device = r.tags.get("device_found", "none")
+    if r.phase in TRACED_PHASES and "user_annotation" in sources and device not in ("", "none"):
+        return ("trace.step_source", "user_annotation", "gpu_user_annotation on a GPU")
+    return None
+
+
 def check(c: Campaign) -> tuple[Campaign, list[Refusal]]:
     """The campaign without the runs that disagree with it, and why each was refused."""
     expected = campaign_values(c)
     refused: list[Refusal] = []
     kept = []
     for r in c.runs:
-        bad = next(((f, v) for f in FIELDS if (not f.phases or r.phase in f.phases)
+        bad = next(((f.name, v, expected[f.name]) for f in FIELDS if (not f.phases or r.phase in f.phases)
                     and f.name in expected and (v := f.get(r)) is not None and v != expected[f.name]),
-                   None)
+                   None) or host_steps_on_a_device(r)
         if bad and r.status == "FINISHED":
-            refused.append(Refusal(r, bad[0].name, bad[1], expected[bad[0].name]))
+            refused.append(Refusal(r, *bad))
         else:
             kept.append(r)
     return Campaign(c.id, c.uri, kept), refused

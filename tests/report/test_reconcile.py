@@ -74,6 +74,25 @@ def test_a_run_of_another_model_is_refused_by_name():
     assert provenance.random_weights(c)
 
 
+def test_a_gpu_profile_timed_by_its_host_ranges_is_refused():
+    """A GPU trace whose steps came from host annotations (Kineto wrote no device copy and
+    none was rebuilt) read a 21 ms device step as its 4.7 ms host range on the H100: its
+    shares are not the device's. The same tag on a CPU trace is the CPU's only timeline."""
+    c = campaign()
+    gpu = run("profile", 99, {"experiment.concurrency": "1"},
+              tags={"trace.step_source": "user_annotation", "device_found": "NVIDIA H100 80GB HBM3"})
+    _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [gpu]))
+    assert [(r.run.short, r.field, r.value) for r in refused] == [
+        (gpu.short, "trace.step_source", "user_annotation")]
+    cpu = run("profile", 98, {"experiment.concurrency": "1"},
+              tags={"trace.step_source": "user_annotation", "device_found": "none"})
+    rebuilt = run("profile", 97, {"experiment.concurrency": "1"},
+                  tags={"trace.step_source": "gpu_user_annotation", "device_found": "NVIDIA H100"})
+    _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [cpu]))
+    assert refused == []
+    assert provenance.host_steps_on_a_device(rebuilt) is None
+
+
 def test_a_whole_model_run_is_refused_in_a_campaign_of_one_tp_rank():
     """model.tp_rank_of=8 (one rank's layers, served at TP 1) and the whole model answer
     different questions even with the same model.name."""
