@@ -167,7 +167,7 @@ def host_steps_on_a_device(r: RunView) -> Optional[tuple[str, str, str]]:
     sources = set(filter(None, r.tags.get("trace.step_source", "").split(",")))
     device = r.tags.get("device_found", "none")
     if r.phase in TRACED_PHASES and "user_annotation" in sources and device not in ("", "none"):
-        return ("trace.step_source", "user_annotation", "gpu_user_annotation on a GPU")
+        return ("trace.step_source", "user_annotation", "gpu_user_annotation (device-side steps) on a GPU")
     return None
 
 
