@@ -6,6 +6,7 @@
     k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
     k25exp recover [--uri URI] [--dry-run]           # end runs of jobs killed hard, KILLED
     k25exp analyze TRACE... [--json] [--out DIR]     # decode-step breakdown of profiler traces
+    k25exp analyze TRACE --tail RUN_FOLDER [--tail-above-ms MS]  # + its run's ITL tail by cause
     k25exp make-model [model=tiny_kimi] [seed=0]     # the embedded model (macro's default)
     k25exp make-model model=kimi_k25_int4 model.tp_rank_of=8   # one TP-8 rank, config only
     k25exp compare A B [--fail-on PCT]               # two runs / sweeps / campaigns, with significance

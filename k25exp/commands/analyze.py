@@ -1,4 +1,10 @@
-"""`k25exp analyze TRACE...`: the decode-step breakdown of torch.profiler traces."""
+"""`k25exp analyze TRACE...`: the decode-step breakdown of torch.profiler traces.
+
+`--tail RUN_FOLDER` joins the profiled requests of a profile run's folder (its requests.jsonl
+and clock.json) to the traces and prints the ITL tail by cause, as the profile runner does
+(k25exp.runners.profile_tail): for a trace fetched after its run, or one read again by a
+newer analysis. With `--out`, its files go to out/tail/.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,11 @@ def main(args: list[str]) -> int:
     p.add_argument("--max-steps", type=int, help="analyse only the first N decode steps per rank")
     p.add_argument("--out", type=Path, help="also write tables, plots and JSON into this folder")
     p.add_argument("--top", type=int, default=30, help="rows of the top-kernels table")
+    p.add_argument("--tail", type=Path, metavar="RUN_FOLDER",
+                   help="a profile run's folder (requests.jsonl, clock.json): also the ITL tail "
+                        "by cause of its profiled requests")
+    p.add_argument("--tail-above-ms", type=float, metavar="MS",
+                   help="with --tail: the tail is the gaps above MS (an ITL SLO), not the p99")
     a = p.parse_args(args)
     # k25exp.traces alone: the runners' package would add Hydra and HTTP clients to every
     # start (a third of it, measured by benchmarks/analyze_cli_bench.py)
@@ -35,8 +46,25 @@ def main(args: list[str]) -> int:
         return 2
     if a.out:
         write_outputs(analysis, a.out, top=a.top)
+    tail: dict[str, float] = {}
+    if a.tail is not None:
+        from k25exp.runners.profile_tail import profiled_records, read_clock, tail_of
+        from k25exp.tracking.recorder import MemoryRecorder
+
+        try:
+            records, clock = profiled_records(a.tail), read_clock(a.tail)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"k25exp analyze: --tail {a.tail}: {e} (expected a profile run's folder with "
+                  "requests.jsonl and clock.json)", file=sys.stderr)
+            return 2
+        rec = MemoryRecorder()
+        tail = tail_of(paths, records, clock, a.out or Path("."), rec, write_files=a.out is not None,
+                       quiet=a.json, threshold_ms=a.tail_above_ms)
+        if not tail:
+            print(f"k25exp analyze: no ITL tail: {rec.tags.get('tail.skipped', '?')}", file=sys.stderr)
+            return 2
     if a.json:
-        print(json.dumps(analysis.to_dict(top=a.top), indent=1))
+        print(json.dumps({**analysis.to_dict(top=a.top), **({"tail": tail} if tail else {})}, indent=1))
     else:
         print(summary_text(analysis))  # warnings included
     return 0

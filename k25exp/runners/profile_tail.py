@@ -17,7 +17,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from k25exp.load import stalls
 from k25exp.load.tail_client import agreement, client_tail
@@ -50,21 +50,29 @@ def profiled_records(out: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r.get("phase") == "profiled"]
 
 
+def read_clock(out: Path) -> ClientClock:
+    return ClientClock.from_dict(json.loads((out / CLOCK_FILE).read_text()))
+
+
 def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock, out: Path,
-            rec: Recorder) -> dict[str, float]:
-    """The tail by cause (module docstring); {} with a tag saying why where it cannot be."""
+            rec: Recorder, write_files: bool = True, quiet: bool = False,
+            threshold_ms: Optional[float] = None) -> dict[str, float]:
+    """The tail by cause (module docstring); {} with a tag saying why where it cannot be.
+    write_files=False: figures only (`k25exp analyze --tail` without --out); quiet: no table
+    on stdout; threshold_ms: the tail is the gaps above it (an SLO) instead of the p99."""
     try:
         stalls.mark(records)
         trace = read_trace(lowest_rank(traces))
         steps, offset = engine_steps(trace), trace.clock_offset_ns
         del trace  # its events: only the steps are needed from here
         j = join(steps, records, clock)
-        t = tail(j)
+        t = tail(j, threshold_ms)
         # what grew in a slow token's step, where the breakdown analysed it
         found = sorted((out / "breakdown").glob("steps_rank*.csv"),
                        key=lambda p: int(re.sub(r"\D", "", p.stem) or 1 << 30))
         cats = step_categories(found[0], offset, steps) if found else {}
-        metrics = write_tail(t, out / "tail", categories=cats)
+        metrics = (write_tail(t, out / "tail", categories=cats) if write_files
+                   else {**t.metrics(), **j.alignment.metrics()})
         by_trace = {(g.gap.request, g.gap.chunk): g.cause for g in t.gaps}
         fit = decode_prefills(records)
         ct = client_tail(records, t.threshold_ms, fit.get("prefill_shared_us_per_token"))
@@ -84,7 +92,8 @@ def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock, out
                   **({"clock.note": al.note[:500]} if al.note else {}),
                   **({"tail.notes": "; ".join(t.notes)[:500]} if t.notes else {})})
     rec.log_metrics(metrics)
-    print(causes_table(t), flush=True)
+    if not quiet:
+        print(causes_table(t), flush=True)
     log.info("clock: trace − client within [%.3f, %.3f] ms (shift %.3f ms); the tail's named "
              "causes hold %s %%", al.lo_ms, al.hi_ms, al.shift_ms,
              f"{t.caused_pct():.1f}" if t.caused_pct() is not None else "n/a")

@@ -150,3 +150,30 @@ def test_the_clocks_agree_within_the_measured_bracket(captured):
     last_end_ns = max(row["end_ns"] for row in stub.log)
     last_arrival_ns = max(clock.wall_ns(r["sent_s"] + r["chunk_s"][-1]) for r in recs)
     assert -al.lo_ms <= (last_arrival_ns - last_end_ns) / 1e6 + 0.01
+
+
+def test_analyze_tail_reads_a_run_folder_again(captured, tmp_path, capsys):
+    """`k25exp analyze TRACE --tail RUN_FOLDER` (a trace fetched after its run): the profile
+    run's files (requests.jsonl with the profiled records, clock.json) joined to the trace give
+    the same causes above the same threshold, counted by hand from the stub's log, and the
+    tail's files under --out."""
+    import json
+
+    from k25exp.commands.analyze import main
+    from k25exp.runners.profile_tail import save_clock
+
+    stub, recs, clock, trace = captured
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "requests.jsonl").write_text(
+        "".join(json.dumps({**r, "phase": "profiled"}) + "\n" for r in recs)
+        + json.dumps({"i": 999, "phase": "warmup", "ok": True}) + "\n")  # not the profiled level's
+    save_clock(run, clock)
+    assert main([str(trace.path), "--tail", str(run), "--tail-above-ms", str(THRESHOLD_MS),
+                 "--json", "--out", str(tmp_path / "o")]) == 0
+    got = json.loads(capsys.readouterr().out)["tail"]
+    want = list(expected(stub).values())
+    assert {c: got[f"tail.cause.{c}_gaps"] for c in CAUSES} == {c: want.count(c) for c in CAUSES}
+    assert (tmp_path / "o" / "tail" / "tail_gaps.csv").exists()
+    assert main([str(trace.path), "--tail", str(tmp_path)]) == 2  # no run files: named, exit 2
+    assert "requests.jsonl" in capsys.readouterr().err
