@@ -34,9 +34,11 @@
 # dummy weights make an untrained router that sends a batch to a few experts), and its MoE
 # micro-benchmark draws the same expert ids.
 #
-# Every stage ends by packing the offline runs made so far (traces left out: a Kimi rank's
-# trace is ~50 MB, over what a call brings back) into $OUT/runs-<stage>.tar.gz; here:
+# Every stage ends by packing the offline runs made so far (traces left out) into
+# $OUT/runs-<stage>.tar.gz, and the traces this stage wrote into 15 MiB parts beside it (six
+# at most; a Kimi rank's profile window was 2.7-3.0 MB on the H100); here:
 #   tar -xzf runs-<stage>.tar.gz -C outputs/gpu && k25exp sync outputs/gpu/...
+#   cat traces-<stage>.tar.part.* | tar -x -C outputs/gpu   # k25exp analyze TRACE --tail RUN_FOLDER
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?usage: h200_campaign.sh kimi-macro|kimi-open|kimi-rest|kimi-profile|kimi-gemm|kimi-spec|kimi-spec-synth|kimi-spec-prof-base|kimi-spec-prof-spec|kimi-spec-prof-sync|kimi-skewed|kimi-bench|tiny|cuda-tests}
@@ -52,6 +54,7 @@ common=(hardware=$hw tracking=offline "paths.outputs=$out" "server.model_cache=$
 kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy model.routing=uniform)
 [[ -n ${K25_LAYERS:-} ]] && kimi+=("model.num_hidden_layers=$K25_LAYERS")
 
+mkdir -p "$out" && touch "$out/.stage-start"   # the traces this stage writes are newer
 case $stage in
   kimi-macro)
     # closed loop c = 1 … 256, one server start (a cold Kimi rank takes ~6 min of the call);
@@ -180,5 +183,12 @@ esac
 if [[ -n "${OUT:-}" && -d $out ]]; then
   (cd "$out" && find . -path ./models -prune -o -name '*.pt.trace.json*' -prune -o -type f -print \
      | tar -czf "$OUT/runs-$stage.tar.gz" -T -)
+  # this stage's traces (already gzipped) beside them, in 15 MiB parts (a call returns 8 files
+  # of 16 MiB at most): a Kimi rank's profile window is 3-50 MB, and the traces are what a newer
+  # analysis re-reads (k25exp analyze TRACE --tail RUN_FOLDER). Parts beyond 6 stay here.
+  #   here: cat traces-<stage>.tar.part.* | tar -x -C outputs/gpu
+  (cd "$out" && find multiruns runs -newer "$out/.stage-start" -name '*.pt.trace.json*' \
+     -type f 2>/dev/null | tar -cf - -T - | split -b 15m -a 1 - "$OUT/traces-$stage.tar.part.")
+  ls "$OUT"/traces-"$stage".tar.part.* 2>/dev/null | tail -n +7 | xargs -r rm -f
   ls -la "$OUT"
 fi
