@@ -187,8 +187,11 @@ if [[ -n "${OUT:-}" && -d $out ]]; then
   # of 16 MiB at most): a Kimi rank's profile window is 3-50 MB, and the traces are what a newer
   # analysis re-reads (k25exp analyze TRACE --tail RUN_FOLDER). Parts beyond 6 stay here.
   #   here: cat traces-<stage>.tar.part.* | tar -x -C outputs/gpu
-  (cd "$out" && find multiruns runs -newer "$out/.stage-start" -name '*.pt.trace.json*' \
-     -type f 2>/dev/null | tar -cf - -T - | split -b 15m -a 1 - "$OUT/traces-$stage.tar.part.")
-  ls "$OUT"/traces-"$stage".tar.part.* 2>/dev/null | tail -n +7 | xargs -r rm -f
+  traces=$(cd "$out" && find . -path ./models -prune -o -path ./profiles -prune -o \
+             -newer .stage-start -name '*.pt.trace.json*' -type f -print)
+  if [[ -n $traces ]]; then
+    (cd "$out" && tar -cf - $traces | split -b 15m -a 1 - "$OUT/traces-$stage.tar.part.")
+    find "$OUT" -name "traces-$stage.tar.part.*" | sort | tail -n +7 | xargs -r rm -f
+  fi
   ls -la "$OUT"
 fi

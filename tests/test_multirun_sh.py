@@ -230,3 +230,39 @@ def test_h200_spec_stage_serves_the_rank_with_one_drafter(tmp_path):
     assert "spec=ngram" in line and "self_draft" not in line, line
     assert "model=kimi_k25_int4 model.tp_rank_of=8" in line and "server.load_format=dummy" in line
     assert "model.routing=uniform" in line and "server.enforce_eager=false" in line
+
+
+def test_a_stage_brings_back_the_traces_it_wrote_in_parts(tmp_path):
+    """A stage packs its runs without traces, and the traces written during the stage (not
+    an earlier stage's) into 15 MiB parts that put back together give the files as written."""
+    out, got = tmp_path / "out", tmp_path / "OUT"
+    old = out / "multiruns" / "d" / "0" / "traces" / "old_rank0.pt.trace.json.gz"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"an earlier stage's")
+    os.utime(old, (1, 1))  # written long before this stage began
+    new = out / "multiruns" / "d" / "1" / "traces" / "new_rank0.pt.trace.json.gz"
+    body = os.urandom(16 * 2**20 + 5)  # over one part: two parts
+    fake = tmp_path / "python"  # the profile job: writes its trace
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'if [[ "$1 $2" == "-m k25exp" ]]; then '
+                    f'mkdir -p {new.parent} && head -c {len(body)} {tmp_path / "body"} > {new}; exit 0; fi\n'
+                    f'exec {warm_python()} "$@"\n')
+    fake.chmod(0o755)
+    (tmp_path / "body").write_bytes(body)
+    got.mkdir()
+    env = {**os.environ, "PYTHON": str(fake), "K25_GPU_OUT": str(out), "OUT": str(got)}
+    p = subprocess.run(["benchmarks/h200_campaign.sh", "kimi-profile"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    parts = sorted(got.glob("traces-kimi-profile.tar.part.*"))
+    assert [q.name[-1] for q in parts] == ["a", "b"] and parts[0].stat().st_size == 15 * 2**20
+    back = tmp_path / "back"
+    back.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(back)], input=b"".join(q.read_bytes() for q in parts),
+                   check=True)
+    files = sorted(str(f.relative_to(back)) for f in back.rglob("*") if f.is_file())
+    assert files == ["multiruns/d/1/traces/new_rank0.pt.trace.json.gz"]
+    assert (back / files[0]).read_bytes() == body
+    runs = subprocess.run(["tar", "-tzf", str(got / "runs-kimi-profile.tar.gz")], check=True,
+                          capture_output=True, text=True).stdout
+    assert ".pt.trace.json" not in runs
