@@ -165,8 +165,8 @@ def host_steps_on_a_device(r: RunView) -> Optional[tuple[str, str, str]]:
     kind by kind). The host range ends when the step is queued: its shares and step time
     are not the device's, so no section may use them."""
     sources = set(filter(None, r.tags.get("trace.step_source", "").split(",")))
-    device = r.tags.get("device_found", "none")
-    if r.phase in TRACED_PHASES and "user_annotation" in sources and device not in ("", "none"):
+    on_device = r.params.get("hardware.device", "cpu") != "cpu"  # device_found names a CPU too
+    if r.phase in TRACED_PHASES and "user_annotation" in sources and on_device:
         return ("trace.step_source", "user_annotation", "gpu_user_annotation (device-side steps) on a GPU")
     return None
 

@@ -79,14 +79,14 @@ def test_a_gpu_profile_timed_by_its_host_ranges_is_refused():
     none was rebuilt) read a 21 ms device step as its 4.7 ms host range on the H100: its
     shares are not the device's. The same tag on a CPU trace is the CPU's only timeline."""
     c = campaign()
-    gpu = run("profile", 99, {"experiment.concurrency": "1"},
+    gpu = run("profile", 99, {"experiment.concurrency": "1", "hardware.device": "cuda"},
               tags={"trace.step_source": "user_annotation", "device_found": "NVIDIA H100 80GB HBM3"})
     _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [gpu]))
     assert [(r.run.short, r.field, r.value) for r in refused] == [
         (gpu.short, "trace.step_source", "user_annotation")]
-    cpu = run("profile", 98, {"experiment.concurrency": "1"},
-              tags={"trace.step_source": "user_annotation", "device_found": "none"})
-    rebuilt = run("profile", 97, {"experiment.concurrency": "1"},
+    cpu = run("profile", 98, {"experiment.concurrency": "1", "hardware.device": "cpu"},
+              tags={"trace.step_source": "user_annotation", "device_found": "AMD EPYC"})
+    rebuilt = run("profile", 97, {"experiment.concurrency": "1", "hardware.device": "cuda"},
                   tags={"trace.step_source": "gpu_user_annotation", "device_found": "NVIDIA H100"})
     _, refused = provenance.check(Campaign(c.id, c.uri, c.runs + [cpu]))
     assert refused == []
