@@ -58,8 +58,8 @@ def main(args: list[str]) -> int:
                   "requests.jsonl and clock.json)", file=sys.stderr)
             return 2
         rec = MemoryRecorder()
-        tail = tail_of(paths, records, clock, a.out or Path("."), rec, write_files=a.out is not None,
-                       quiet=a.json, threshold_ms=a.tail_above_ms)
+        tail = tail_of(paths, records, clock, a.out, rec, quiet=a.json,
+                       threshold_ms=a.tail_above_ms)
         if not tail:
             print(f"k25exp analyze: no ITL tail: {rec.tags.get('tail.skipped', '?')}", file=sys.stderr)
             return 2

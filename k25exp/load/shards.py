@@ -174,6 +174,13 @@ def _send(conn, msg) -> None:
     _blocking(conn).send(msg)
 
 
+def _dealt(common: dict, concurrency: int, P: int) -> list[dict]:
+    """One spec per process, the `concurrency` workers dealt round-robin (worker w to process
+    w mod P): a closed loop's or sessions' shards."""
+    return [dict(common, shard=k, workers=list(range(k, concurrency, P)),
+                 lanes=len(range(k, concurrency, P))) for k in range(P)]
+
+
 class ShardPool:
     """Worker processes, started when a phase first needs them (a spawn takes a second or two
     of imports) and kept for the job's phases; `run_closed` / `run_open` run one phase over the
@@ -237,8 +244,7 @@ class ShardPool:
         common = dict(kind="closed", phase=phase, level=level, max_tokens=max_tokens, t0=t0,
                       input_tokens=input_tokens, concurrency=concurrency, n_requests=n_requests,
                       duration_s=duration_s, ramp_s=ramp_s, prompts=prompts)
-        specs = [dict(common, shard=k, workers=list(range(k, concurrency, P)),
-                      lanes=len(range(k, concurrency, P))) for k in range(P)]
+        specs = _dealt(common, concurrency, P)
         res = await self._run(specs, on_record, should_stop)
 
         def lost(k: int, reported: set) -> list[int]:
@@ -263,8 +269,7 @@ class ShardPool:
         common = dict(kind="sessions", phase=phase, level=level, max_tokens=0, t0=t0,
                       input_tokens=None, concurrency=concurrency, n_sessions=n_sessions,
                       first_session=first_session, ramp_s=ramp_s, plan=shipped)
-        specs = [dict(common, shard=k, workers=list(range(k, concurrency, P)),
-                      lanes=len(range(k, concurrency, P))) for k in range(P)]
+        specs = _dealt(common, concurrency, P)
         res = await self._run(specs, on_record, should_stop)
         # a failed process's session in flight ends there (its history is gone): named in
         # client_failures, its unsent turns not made up as records

@@ -37,7 +37,7 @@ from k25exp.config.schema import K25Config
 from k25exp.dtypes import dtype_bytes
 from k25exp.gemm.floor import decode_floor
 from k25exp.model import routing
-from k25exp.runners.profile_tail import CLOCK_FILE, profiled_records, save_clock, tail_of
+from k25exp.runners.profile_tail import CLOCK_FILE, profiled_records, read_clock, save_clock, tail_of
 from k25exp.runners.server_run import connect_server, copy_server_log, record_server
 from k25exp.serving import collective_probe
 from k25exp.serving.answers import refuse_html
@@ -284,8 +284,7 @@ def recover(out: Path, rec: Recorder) -> str:
         return "nothing: no traces/ (the job died before its capture was copied)"
     breakdown(traces, typed_from_folder(out).experiment, out, rec)
     if (out / CLOCK_FILE).exists() and (out / "requests.jsonl").exists():
-        tail_of(traces, profiled_records(out), ClientClock.from_dict(
-            orjson.loads((out / CLOCK_FILE).read_bytes())), out, rec)
+        tail_of(traces, profiled_records(out), read_clock(out), out, rec)
         return (f"breakdown of {len(traces)} trace(s) in traces/ (k25exp.traces) and the ITL "
                 "tail by cause (k25exp.runners.profile_tail), as the job would have")
     return f"breakdown of {len(traces)} trace(s) in traces/ (k25exp.traces), as the job would have"

@@ -51,15 +51,17 @@ def profiled_records(out: Path) -> list[dict]:
 
 
 def read_clock(out: Path) -> ClientClock:
+    """The client clock the profiled window was read on (save_clock)."""
     return ClientClock.from_dict(json.loads((out / CLOCK_FILE).read_text()))
 
 
-def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock, out: Path,
-            rec: Recorder, write_files: bool = True, quiet: bool = False,
+def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock,
+            out: Optional[Path], rec: Recorder, quiet: bool = False,
             threshold_ms: Optional[float] = None) -> dict[str, float]:
     """The tail by cause (module docstring); {} with a tag saying why where it cannot be.
-    write_files=False: figures only (`k25exp analyze --tail` without --out); quiet: no table
-    on stdout; threshold_ms: the tail is the gaps above it (an SLO) instead of the p99."""
+    out: the run folder (its breakdown/ read, tail/ written); None: figures only (`k25exp
+    analyze --tail` without --out). quiet: no table on stdout; threshold_ms: the tail is the
+    gaps above it (an SLO) instead of the p99."""
     try:
         stalls.mark(records)
         trace = read_trace(lowest_rank(traces))
@@ -68,11 +70,13 @@ def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock, out
         j = join(steps, records, clock)
         t = tail(j, threshold_ms)
         # what grew in a slow token's step, where the breakdown analysed it
-        found = sorted((out / "breakdown").glob("steps_rank*.csv"),
-                       key=lambda p: int(re.sub(r"\D", "", p.stem) or 1 << 30))
-        cats = step_categories(found[0], offset, steps) if found else {}
-        metrics = (write_tail(t, out / "tail", categories=cats) if write_files
-                   else {**t.metrics(), **j.alignment.metrics()})
+        if out is None:
+            metrics = {**t.metrics(), **j.alignment.metrics()}
+        else:
+            found = sorted((out / "breakdown").glob("steps_rank*.csv"),
+                           key=lambda p: int(re.sub(r"\D", "", p.stem) or 1 << 30))
+            cats = step_categories(found[0], offset, steps) if found else {}
+            metrics = write_tail(t, out / "tail", categories=cats)
         by_trace = {(g.gap.request, g.gap.chunk): g.cause for g in t.gaps}
         fit = decode_prefills(records)
         ct = client_tail(records, t.threshold_ms, fit.get("prefill_shared_us_per_token"))

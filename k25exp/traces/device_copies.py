@@ -63,15 +63,10 @@ def uncovered(trace: Trace) -> list[Annotation]:
     return out
 
 
-def missing(trace: Trace) -> bool:
-    """Some host annotation launched device work and has no device-side copy."""
-    return bool(uncovered(trace))
-
-
-def add(trace: Trace) -> int:
-    """Appends a `gpu_user_annotation` copy of every host annotation that launched device
-    work and has none (its name, on the device lane of its first kernel); returns how many. Needs every
-    device event's correlation id (read_trace with linked=None)."""
+def add(trace: Trace, host: list[Annotation]) -> int:
+    """Appends a `gpu_user_annotation` copy of each of `host` (uncovered's) (its name, on the
+    device lane of its first kernel); returns how many. Needs every device event's
+    correlation id (read_trace with linked=None)."""
     if trace.corr is None or trace.launches is None or trace.launches.corr.size == 0:
         return 0
     dev_ids = [i for i, c in enumerate(trace.cats) if c in DEVICE_CATS]
@@ -87,7 +82,7 @@ def add(trace: Trace) -> int:
     start = trace.start_ns[idx]
     end = start + trace.dur_ns[idx]
     copies = []
-    for a in uncovered(trace):
+    for a in host:
         lo = int(np.searchsorted(t_launch, a.start_ns, side="left"))
         hi = int(np.searchsorted(t_launch, a.end_ns, side="right"))
         inside = np.nonzero(lane_launch[lo:hi] == a.lane)[0] + lo

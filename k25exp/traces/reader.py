@@ -927,11 +927,12 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
     )
     from k25exp.traces import device_copies  # it reads Trace: imported here, not at the top
 
-    if device_copies.missing(trace):
-        # no gpu_user_annotation copies (CUDA graphs): rebuilt from what launched each kernel,
-        # which needs every kernel's correlation id, not only the linked ones'
-        if linked is not None and trace.launches.corr.size:  # no launches: nothing to rebuild from
+    if host := device_copies.uncovered(trace):
+        # steps or scopes that launched work, with no gpu_user_annotation copy (CUDA graphs):
+        # rebuilt from what launched each kernel, which needs every kernel's correlation id,
+        # not only the linked ones' (uncovered found launches inside them: a re-read is worth it)
+        if linked is not None:
             return read_trace(path, chunk_bytes, fast, None)
-        device_copies.add(trace)
+        device_copies.add(trace, host)
         trace.read_s = time.perf_counter() - t0
     return trace
