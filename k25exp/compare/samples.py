@@ -164,7 +164,7 @@ def spec_decode_folder(d: Path, experiment: str = "spec_decode") -> Samples:
 
 
 def spec_point_samples(d: Path) -> Samples:
-    """The per-point figures (`a<α>/{spec,base,sync}_tpot_ms_med` at step = concurrency, the
+    """The per-point figures (`[k<k>/]a<α>/{spec,base,sync}_tpot_ms_med` at step = concurrency, the
     medians over rounds of each round's TPOT p50): every round's requests of the point pooled
     (round 1's in spec/, baseline/, baseline_sync/; the others' in rounds/, named by round,
     server and α: k25exp.runners.spec_decode). One sample per request, as for a level."""
@@ -175,7 +175,13 @@ def spec_point_samples(d: Path) -> Samples:
 
     exp = yaml.safe_load(cfg_path.read_text()).get("experiment", {})
     alphas = exp.get("alphas") if exp.get("acceptance") == "synthetic" else None
-    names = [f"a{a:g}" for a in alphas] if alphas else ["model"]
+    accs = [f"a{a:g}" for a in alphas] if alphas else ["model"]
+    k0 = exp.get("num_speculative_tokens")
+    ks = [k0, *[k for k in exp.get("draft_lengths") or [] if k != k0]]
+    multi = bool(exp.get("draft_lengths"))
+    # (point name, server folder's name, acceptance): k3/a0.7, spec_k3, a0.7 with draft_lengths
+    names = [(f"k{k}/{a}" if multi else a, f"spec_k{k}" if multi else "spec", a)
+             for k in ks for a in accs]
     rounds = d / "rounds"
 
     def pooled(files: list[Path]) -> dict[int, list[float]]:
@@ -193,11 +199,11 @@ def spec_point_samples(d: Path) -> Samples:
     out: Samples = {}
     base = pooled(folders("baseline"))
     sync = pooled(folders("baseline_sync"))
-    for i, name in enumerate(names):
-        a = "" if name == "model" else f"_{name}"
-        # round 1's spec/ holds the first α only; its other α's are rounds/r1_spec_a<α>
+    for i, (name, server, acc) in enumerate(names):
+        a = "" if acc == "model" else f"_{acc}"
+        # round 1's spec/ holds the first k's first α only; the others are rounds/r1_<server>_a<α>
         files = ([d / "spec" / "requests.jsonl"] if i == 0 else []) + (
-            sorted(rounds.glob(f"r*_spec{a}/requests.jsonl")) if rounds.is_dir() else [])
+            sorted(rounds.glob(f"r*_{server}{a}/requests.jsonl")) if rounds.is_dir() else [])
         for fig, by_level in (("spec_tpot_ms_med", pooled(files)), ("base_tpot_ms_med", base),
                               ("sync_tpot_ms_med", sync)):
             out.update({(f"{name}/{fig}", c): v for c, v in by_level.items()})

@@ -5,7 +5,7 @@ each point's gap to the ideal and the speedup surface.
 
 A run logs its points as `<acceptance>/<figure>` at step = concurrency
 (k25exp.runners.spec_decode_results): acceptance `a0.7` (synthetic α) or `model` (as the
-drafter achieves). Synthetic and as-the-model points are never fitted together: the drafter
+drafter achieves), `k3/a0.7` in a job of several draft lengths. Synthetic and as-the-model points are never fitted together: the drafter
 a fit is for names both its method and its acceptance mode.
 """
 
@@ -25,7 +25,7 @@ from k25exp.report.speculative import method_label
 from k25exp.traces.step_phases import ASYNC_KEPT
 from k25exp.tracking.read import RunView
 
-_POINT = re.compile(r"^(a[0-9.]+|model)/spec_tpot_ms_med$")
+_POINT = re.compile(r"^((?:k\d+/)?(?:a[0-9.]+|model))/spec_tpot_ms_med$")
 
 
 def drafter_name(r: RunView) -> str:
@@ -46,7 +46,7 @@ def points_of(runs: list[RunView]) -> list[Point]:
     from k25exp.stats import bootstrap_ci
 
     r0 = runs[0]
-    k = r0.param("experiment.num_speculative_tokens", int)
+    k_job = r0.param("experiment.num_speculative_tokens", int)
     # the reference step (spec_model): the baseline with the drafter's scheduling
     async_kept = r0.params.get("experiment.method") in ASYNC_KEPT
     p_tok = r0.param("experiment.input_tokens", int, 0)
@@ -54,7 +54,9 @@ def points_of(runs: list[RunView]) -> list[Point]:
     names = sorted({m.group(1) for r in runs for key in r.metrics if (m := _POINT.match(key))})
     out = []
     for name in names:
-        alpha = None if name == "model" else float(name[1:])
+        k_part, _, acc = name.rpartition("/")   # k3/a0.7 (a job of several k) or a0.7
+        k = int(k_part[1:]) if k_part else k_job
+        alpha = None if acc == "model" else float(acc[1:])
         per_run = [{f: r.history(f"{name}/{f}") for f in FIELDS} for r in runs]
         levels = sorted({c for h in per_run for c in h["spec_tpot_ms_med"]})
         for c in levels:
@@ -85,7 +87,7 @@ def _settings(c: Campaign) -> list[list[RunView]]:
     for r in c.of("spec_decode"):
         key = tuple(r.params.get(k) for k in (
             "experiment.method", "experiment.draft_model", "experiment.num_speculative_tokens",
-            "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
+            "experiment.draft_lengths", "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
             "experiment.prompt_lookup_max", "experiment.input_tokens", "experiment.output_tokens",
             "model.name", "server.tp"))
         groups.setdefault(key, []).append(r)

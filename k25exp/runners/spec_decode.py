@@ -18,10 +18,11 @@ minutes apart.
 Logged: round 1's (first α's) figures under their macro names (speculative server), under
 `baseline/` and `baseline_sync/`; per point (k25exp.runners.spec_decode_results) the median over
 rounds and spread, the speedup's median, min–max and bootstrap interval, at step = concurrency,
-named by acceptance (`a0.7/…`, `model/…`). The server left running is the last measured, so a
+named by acceptance (`a0.7/…`, `model/…`; `k3/a0.7/…` with draft_lengths). The server left running is the last measured, so a
 sweep over speculative settings reuses the baseline when it is still up (spec_repeats = 1).
-Artifacts: spec/, baseline/, baseline_sync/ (round 1's macro files), rounds/ (the others'),
-points.csv (one row per server, α, round and level), results.txt/.csv (the points).
+Artifacts: spec/, baseline/, baseline_sync/ (round 1's macro files), rounds/ (the others',
+r<round>_<server>[_a<α>], the server spec_k<k> with draft_lengths), points.csv (one row per
+server, k, α, round and level), results.txt/.csv (the points).
 """
 
 from __future__ import annotations
@@ -72,17 +73,24 @@ def rounds_order(names: list[str], repeats: int, baseline_first: bool) -> list[l
     return [first if r % 2 == 0 else first[::-1] for r in range(repeats)]
 
 
+def spec_name(k: int, multi: bool) -> str:
+    """A speculative server's name in the plan, its rounds/ folders and points.csv."""
+    return f"spec_k{k}" if multi else "spec"
+
+
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SpecDecodeConfig = cfg.experiment
     if exp.acceptance == "synthetic":  # each request draws its own acceptance (request_seed)
         exp = replace(exp, request_seed=False)
         cfg = replace(cfg, experiment=exp)
     model_path, _ = srv_mod.resolve_model_path(cfg.server, cfg.model, cfg.seed)
-    spec = speculative_config(exp, model_path, Path(cfg.server.model_cache))
-    spec_json = json.dumps(spec, sort_keys=True)
+    ks, multi = exp.k_values(), bool(exp.draft_lengths)
+    spec_json = {k: json.dumps(speculative_config(replace(exp, num_speculative_tokens=k), model_path,
+                                                  Path(cfg.server.model_cache)), sort_keys=True)
+                 for k in ks}
     alphas: list[Optional[float]] = list(exp.alphas) if exp.acceptance == "synthetic" else [None]
-    rec.set_tags({"spec.config": spec_json, "spec.method": exp.method,
-                  "spec.num_speculative_tokens": str(exp.num_speculative_tokens),
+    rec.set_tags({"spec.config": spec_json[ks[0]], "spec.method": exp.method,
+                  "spec.num_speculative_tokens": ",".join(map(str, ks)),
                   "spec.bound": describe(exp), "spec.acceptance": exp.acceptance,
                   "spec.alphas": ",".join(f"{a:g}" for a in exp.alphas)
                   if exp.acceptance == "synthetic" else "as the drafter achieves",
@@ -92,25 +100,34 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                   "spec.speedup_definition": "baseline TPOT p50 / speculative TPOT p50 at one "
                   "level, paired by round (same prompts, servers measured minutes apart); "
                   "median over rounds, min-max, bootstrap 95 % interval of the median"})
-    named = servers(cfg, spec_json, [n for n, on in (("baseline", exp.baseline), (
+    if multi:
+        rec.set_tags({"spec.draft_lengths": f"k = {', '.join(map(str, ks))}: one speculative "
+                      "server each, interleaved with the baselines in every round; points "
+                      "named k<k>/a<α>/…"})
+    base = servers(cfg, spec_json[ks[0]], [n for n, on in (("baseline", exp.baseline), (
         "baseline_sync", exp.baseline and exp.baseline_sync)) if on])
+    named = {spec_name(k, multi): servers(cfg, spec_json[k], [])["spec"] for k in ks}
+    named.update({n: c for n, c in base.items() if n != "spec"})
+    k_of = {spec_name(k, multi): k for k in ks}
     plan = rounds_order(list(named), exp.spec_repeats,
                         baseline_first=exp.baseline and _running(cfg, model_path))
     measured: list[Measured] = []
     summary: dict[str, float] = {}
     last = (len(plan) - 1, plan[-1][-1])
+    headline = {spec_name(ks[0], multi), "baseline", "baseline_sync"}  # round 1's macro names
     for r, order in enumerate(plan):
         for name in order:
             srv_cfg = replace(cfg, server=named[name])
-            for a in (alphas if name == "spec" else [None]):
-                first = r == 0 and (a is None or a == alphas[0])
-                cap = Capture(rec if first else MemoryRecorder(), PREFIX[name] if first else "")
-                folder = out / name if first else out / "rounds" / (
+            kind = "spec" if name in k_of else name
+            for a in (alphas if kind == "spec" else [None]):
+                first = r == 0 and (a is None or a == alphas[0]) and name in headline
+                cap = Capture(rec if first else MemoryRecorder(), PREFIX[kind] if first else "")
+                folder = out / kind if first else out / "rounds" / (
                     f"r{r + 1}_{name}" + ("" if a is None else f"_a{a:g}"))
                 conn = None
                 if a is not None:  # the server up (started or reused), then α in its workers
                     conn = connect_server(srv_cfg)
-                    got = set_in_server(conn.base_url, unconditional_rates(a, exp.num_speculative_tokens))
+                    got = set_in_server(conn.base_url, unconditional_rates(a, k_of[name]))
                     rec.set_tags({"spec.sampler": got[0].get("sampler", "?")})
                 log.info("spec_decode: round %d, %s server%s", r + 1, name,
                          "" if a is None else f", α = {a:g}")
@@ -120,8 +137,8 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     cap.log_metrics(started)
                     res.update(started)
                 if first:
-                    summary.update({PREFIX[name] + k: v for k, v in res.items()})
-                measured.append(Measured(name, a, r + 1, cap))
+                    summary.update({PREFIX[kind] + k: v for k, v in res.items()})
+                measured.append(Measured(kind, a, r + 1, cap, k=k_of.get(name)))
             if exp.spec_repeats > 1 and (r, name) != last:
                 _stop(srv_cfg, model_path)  # the next round starts it afresh
     summary.update(summarise(exp, measured, out, rec))

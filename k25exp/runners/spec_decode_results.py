@@ -1,7 +1,8 @@
 """spec_decode's points: every measurement's levels gathered, then per (acceptance, level) the
 median over rounds, the spread and the speedup with its interval; the table and the metrics.
 
-A point is (α, concurrency) of one job (one drafter and k). Per round r the speedup is
+A point is (α, concurrency) of one job's drafter at one k (a job of several draft lengths,
+experiment.draft_lengths, names its points k<k>/a<α>; their baseline is the round's one). Per round r the speedup is
 baseline TPOT p50 / speculative TPOT p50 at that level (the round pairs servers measured
 minutes apart); the point's speedup is the median over rounds, with min–max and a bootstrap
 95 % interval of the median (stats.bootstrap_ci; none with one round). The step a
@@ -34,14 +35,17 @@ class Measured:
     alpha: Optional[float]   # the synthetic α the spec server ran at; None: as the model / a baseline
     round: int
     cap: Capture
+    k: Optional[int] = None  # the spec server's draft length (None: a baseline)
 
     def level(self, c: int) -> dict[str, float]:
         return {k: v for k in LEVEL_KEYS if (v := self.cap.latest(k).get(c)) is not None}
 
 
-def point_name(alpha: Optional[float]) -> str:
-    """The metric prefix of an acceptance: a0.7, or model (as the drafter achieves)."""
-    return "model" if alpha is None else f"a{alpha:g}"
+def point_name(alpha: Optional[float], k: Optional[int] = None) -> str:
+    """The metric prefix of an acceptance: a0.7, or model (as the drafter achieves); with a
+    draft length (a job of several, experiment.draft_lengths) k3/a0.7."""
+    name = "model" if alpha is None else f"a{alpha:g}"
+    return name if k is None else f"k{k}/{name}"
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -56,23 +60,26 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
     levels = list(shown)
     with open(out / "points.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["server", "alpha", "round", "level", *LEVEL_KEYS])
+        w.writerow(["server", "k", "alpha", "round", "level", *LEVEL_KEYS])
         for m in measured:
             for c in levels:
                 fig = m.level(c)
                 if fig:
-                    w.writerow([m.server, "" if m.alpha is None else m.alpha, m.round, c,
+                    w.writerow([m.server, "" if m.k is None else m.k,
+                                "" if m.alpha is None else m.alpha, m.round, c,
                                 *(fig.get(k, "") for k in LEVEL_KEYS)])
-    by = {(m.server, m.alpha, m.round): m for m in measured}
+    by = {(m.server, m.k, m.alpha, m.round): m for m in measured}
     rounds = sorted({m.round for m in measured})
-    alphas = list(dict.fromkeys(m.alpha for m in measured if m.server == "spec"))
+    multi = bool(exp.draft_lengths)
+    points = list(dict.fromkeys((m.k, m.alpha) for m in measured if m.server == "spec"))
     rows, summary = [], {}
-    for a in alphas:
+    for k_, a in points:
         for c in levels:
-            spec = {r: by[("spec", a, r)].level(c) for r in rounds if ("spec", a, r) in by}
-            base = {r: by[("baseline", None, r)].level(c) for r in rounds if ("baseline", None, r) in by}
-            sync = {r: by[("baseline_sync", None, r)].level(c) for r in rounds
-                    if ("baseline_sync", None, r) in by}
+            spec = {r: by[("spec", k_, a, r)].level(c) for r in rounds if ("spec", k_, a, r) in by}
+            base = {r: by[("baseline", None, None, r)].level(c) for r in rounds
+                    if ("baseline", None, None, r) in by}
+            sync = {r: by[("baseline_sync", None, None, r)].level(c) for r in rounds
+                    if ("baseline_sync", None, None, r) in by}
             st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
             if not st:
                 continue
@@ -91,14 +98,15 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             if len(ratios) >= 2:
                 m["speedup_ci_lo"], m["speedup_ci_hi"] = bootstrap_ci(ratios)
             m["valid"] = valid
-            rec.log_metrics({f"{point_name(a)}/{k}": v for k, v in m.items()}, step=c)
-            rows.append([point_name(a), shown[c], len(st), m.get("base_tpot_ms_med"), m.get("sync_tpot_ms_med"),
+            name = point_name(a, k_ if multi else None)
+            rec.log_metrics({f"{name}/{k}": v for k, v in m.items()}, step=c)
+            rows.append([name, shown[c], len(st), m.get("base_tpot_ms_med"), m.get("sync_tpot_ms_med"),
                          m["spec_tpot_ms_med"], m["spec_tpot_ms_min"], m["spec_tpot_ms_max"],
                          m.get("speedup_med"), m.get("speedup_ci_lo"), m.get("speedup_ci_hi"),
                          m.get("tokens_per_step_med"), m.get("step_ms_med"), valid])
     # round 1's single-stream comparison, as the phase has always logged it
-    s1 = by.get(("spec", alphas[0] if alphas else None, 1))
-    b1 = by.get(("baseline", None, 1))
+    s1 = by.get(("spec", *points[0], 1)) if points else None
+    b1 = by.get(("baseline", None, None, 1))
     if s1 and b1:
         st1 = s1.cap.latest("single_stream_tpot_ms").get(None)
         bt1 = b1.cap.latest("single_stream_tpot_ms").get(None)
@@ -114,7 +122,7 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
     if summary:
         rec.log_metrics(summary)
     f = "{:.3f}"
-    cols = [tables.Column("accept", "{}", 8),
+    cols = [tables.Column("accept", "{}", 12 if multi else 8),
             tables.Column("conc", "{}", 6) if exp.load == "closed" else tables.Column("rate/s", "{:g}", 8),
             tables.Column("n", "{}", 3), tables.Column("base", "{:.2f}", 8),
             tables.Column("base_sync", "{:.2f}", 10), tables.Column("spec", "{:.2f}", 8),
@@ -123,7 +131,7 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             tables.Column("tok/step", "{:.2f}", 9), tables.Column("step_ms", "{:.2f}", 8),
             tables.Column("valid", "{:.0f}", 6)]
     text = tables.write(out / "results", cols, rows,
-                        f"spec_decode: {exp.method}, k = {exp.num_speculative_tokens}, acceptance "
+                        f"spec_decode: {exp.method}, k = {', '.join(map(str, exp.k_values()))}, acceptance "
                         f"{exp.acceptance}; TPOT p50 ms, median over n rounds (spec min/max); "
                         "speedup = base/spec per round, median and bootstrap 95 % interval; "
                         "tok/step = 1 + accepted/drafts (server); step_ms = spec TPOT × tok/step")

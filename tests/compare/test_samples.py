@@ -120,6 +120,36 @@ def test_spec_points_pool_every_rounds_requests(tmp_path):
     assert sorted(s[("a0.5/sync_tpot_ms_med", 1)]) == [12.0, 13.0]   # not mixed with baseline's
 
 
+def test_a_job_of_several_draft_lengths_keeps_each_ks_requests_apart(tmp_path):
+    """experiment.draft_lengths: round 1's spec/ is the first k's first α; every other k's
+    requests come from its own server's folders (rounds/r<r>_spec_k<k>_a<α>), the baseline's
+    from the one baseline of each round; counted by hand."""
+    from k25exp.compare.samples import spec_decode_folder
+
+    def write(folder, *tpots):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        _write(tmp_path / folder / "requests.jsonl",
+               [{"ok": True, "phase": "sweep", "level": 1, "tpot_s": t / 1e3, "chunk_s": [0, 1]}
+                for t in tpots])
+
+    (tmp_path / "config.resolved.yaml").write_text(
+        "experiment:\n  acceptance: synthetic\n  alphas: [0.7]\n  num_speculative_tokens: 3\n"
+        "  draft_lengths: [1, 3]\n")
+    write("spec", 5.0)                      # round 1, k = 3 (num_speculative_tokens goes first)
+    write("rounds/r1_spec_k1_a0.7", 8.0)
+    write("rounds/r2_spec_k3_a0.7", 6.0)
+    write("rounds/r2_spec_k1_a0.7", 9.0)
+    write("rounds/r1_spec_k10_a0.7", 99.0)  # another k whose name starts the same: not k = 1's
+    write("baseline", 10.0)
+    write("rounds/r2_baseline", 11.0)
+    s = spec_decode_folder(tmp_path)
+    assert sorted(s[("k3/a0.7/spec_tpot_ms_med", 1)]) == [5.0, 6.0]
+    assert sorted(s[("k1/a0.7/spec_tpot_ms_med", 1)]) == [8.0, 9.0]
+    assert sorted(s[("k1/a0.7/base_tpot_ms_med", 1)]) == sorted(s[("k3/a0.7/base_tpot_ms_med", 1)]) \
+        == [10.0, 11.0]
+    assert not [key for key in s if key[0].startswith("a0.7/")]
+
+
 @pytest.mark.e2e
 def test_fetched_artifacts_keep_their_folders(tmp_path):
     """spec/requests.jsonl and baseline/requests.jsonl of one run, fetched from a real MLflow

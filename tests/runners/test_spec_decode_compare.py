@@ -14,7 +14,7 @@ from k25exp.tracking.recorder import Capture
 from tests.conftest import compose_cfg
 
 
-def _measured(server, alpha, rnd, rec, steps, tau=None, first=False):
+def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None):
     cap = Capture(rec if first else MemoryRecorder(), {"spec": "", "baseline": "baseline/",
                                                       "baseline_sync": "baseline_sync/"}[server]
                   if first else "")
@@ -24,7 +24,7 @@ def _measured(server, alpha, rnd, rec, steps, tau=None, first=False):
         if tau is not None:
             m["mean_acceptance_length"] = tau
         cap.log_metrics(m, step=step)
-    return Measured(server, alpha, rnd, cap)
+    return Measured(server, alpha, rnd, cap, k=k)
 
 
 @pytest.mark.parametrize("load,levels,steps", [
@@ -64,3 +64,44 @@ def test_points_over_rounds_by_hand(tmp_path, load, levels, steps):
     assert len(rows) == 3 * 3 * 2  # servers × rounds × levels
     table = (tmp_path / "results.txt").read_text()
     assert ("rate/s" in table) == (load == "open") and ("conc" in table) == (load == "closed")
+
+
+def test_draft_lengths_in_one_job_share_each_rounds_baseline(tmp_path):
+    """experiment.draft_lengths=[1,3] (num_speculative_tokens 3): two speculative servers per
+    round beside one baseline; each k's points are named k<k>/a<α>, its speedup paired with
+    that round's baseline, worked out by hand."""
+    cfg = compose_cfg("experiment=spec_decode", "experiment.concurrency=[1]",
+                      "experiment.draft_lengths=[1,3]", "experiment.alphas=[0.7]")
+    exp = to_typed(cfg, gpu_count=lambda: 0).experiment
+    assert exp.k_values() == [3, 1]
+    rec = MemoryRecorder()
+    # round 1: base 10, k3 5, k1 8; round 2: base 12, k3 6, k1 8
+    measured = [m for r, (b, s3, s1) in ((1, (10.0, 5.0, 8.0)), (2, (12.0, 6.0, 8.0))) for m in (
+        _measured("spec", 0.7, r, rec, {1: s3}, tau=2.5, first=r == 1, k=3),
+        _measured("spec", 0.7, r, rec, {1: s1}, tau=1.6, k=1),
+        _measured("baseline", None, r, rec, {1: b}, first=r == 1))]
+    summarise(exp, measured, tmp_path, rec)
+    assert rec.latest("k3/a0.7/speedup_med") == pytest.approx({1: (10 / 5 + 12 / 6) / 2})  # 2.0
+    assert rec.latest("k1/a0.7/speedup_med") == pytest.approx({1: (10 / 8 + 12 / 8) / 2})  # 1.375
+    assert rec.latest("k1/a0.7/base_tpot_ms_med") == rec.latest("k3/a0.7/base_tpot_ms_med") == {1: 11.0}
+    assert rec.latest("k1/a0.7/step_ms_med") == pytest.approx({1: 8.0 * 1.6})
+    assert not [k for k, _, _ in rec.metrics if k.startswith("a0.7/")]   # no point without its k
+    rows = list(csv.DictReader(open(tmp_path / "points.csv")))
+    assert sorted((r["server"], r["k"], r["round"]) for r in rows) == [
+        ("baseline", "", "1"), ("baseline", "", "2"), ("spec", "1", "1"), ("spec", "1", "2"),
+        ("spec", "3", "1"), ("spec", "3", "2")]
+    text = (tmp_path / "results.txt").read_text()
+    assert "k = 3, 1" in text and "k1/a0.7" in text and "k3/a0.7" in text
+
+
+@pytest.mark.parametrize("lengths,says", [
+    ("[1,5]", "lacks experiment.num_speculative_tokens=3"),
+    ("[3,3]", "expected distinct draft lengths >= 1"),
+    ("[0,3]", "expected distinct draft lengths >= 1"),
+])
+def test_bad_draft_lengths_are_named(lengths, says):
+    from k25exp.config.validate import ConfigError
+
+    with pytest.raises(ConfigError, match=f"experiment.draft_lengths=.*{says}"):
+        to_typed(compose_cfg("experiment=spec_decode", f"experiment.draft_lengths={lengths}"),
+                 gpu_count=lambda: 0)

@@ -345,11 +345,34 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
     # servers alternated (spec, baseline, baseline_sync, then the reverse order), so the
     # spread holds what a rerun moves: start-to-start differences and drift.
     spec_repeats: int = 1
+    # Draft lengths measured in one job, one speculative server each, interleaved in every
+    # round beside one baseline start (S3 S1 S5 B | B S5 S1 S3 | ...): points of different k
+    # then share what the machine did in that round. Separate jobs per k (a multirun over
+    # num_speculative_tokens) run minutes apart, and on a 2-core CPU the baseline moved 18 %
+    # between them, more than the step model's 10 % goal. Must hold num_speculative_tokens,
+    # which goes first (round 1's figures under the macro's names are its server's); empty:
+    # num_speculative_tokens alone.
+    draft_lengths: List[int] = field(default_factory=list)
+
+    def k_values(self) -> list[int]:
+        """The draft lengths this job measures, num_speculative_tokens first."""
+        k = self.num_speculative_tokens
+        return [k, *[x for x in self.draft_lengths if x != k]]
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The speculative setting and the servers it launches."""
         super().check(cfg, problems)
         self.speculative_problems(cfg, "spec_decode", problems)
+        if self.draft_lengths:
+            ks = list(self.draft_lengths)
+            if any(k < 1 for k in ks) or len(set(ks)) != len(ks):
+                problems.append(f"experiment.draft_lengths={ks}: expected distinct draft lengths "
+                                ">= 1 (e.g. [1,3,5]), or [] for experiment.num_speculative_tokens alone")
+            elif self.num_speculative_tokens not in ks:
+                problems.append(f"experiment.draft_lengths={ks} lacks experiment."
+                                f"num_speculative_tokens={self.num_speculative_tokens}, the draft "
+                                "length whose server round 1's headline figures come from: add it, "
+                                f"or set experiment.num_speculative_tokens={ks[0]}")
         if self.acceptance == "synthetic" and len(self.alphas) > 1:
             # α changes between levels, inside the server's workers
             self.acceptance_rpc_problems(
