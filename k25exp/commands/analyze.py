@@ -58,8 +58,10 @@ def main(args: list[str]) -> int:
                   "requests.jsonl and clock.json)", file=sys.stderr)
             return 2
         rec = MemoryRecorder()
+        # --out holds the breakdown written just above (its steps_<rank>.csv): what grew in
+        # each tail gap's step
         tail = tail_of(paths, records, clock, a.out, rec, quiet=a.json,
-                       threshold_ms=a.tail_above_ms)
+                       threshold_ms=a.tail_above_ms, breakdown=a.out)
         if not tail:
             print(f"k25exp analyze: no ITL tail: {rec.tags.get('tail.skipped', '?')}", file=sys.stderr)
             return 2

@@ -57,11 +57,13 @@ def read_clock(out: Path) -> ClientClock:
 
 def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock,
             out: Optional[Path], rec: Recorder, quiet: bool = False,
-            threshold_ms: Optional[float] = None) -> dict[str, float]:
+            threshold_ms: Optional[float] = None, breakdown: Optional[Path] = None
+            ) -> dict[str, float]:
     """The tail by cause (module docstring); {} with a tag saying why where it cannot be.
     out: the run folder (its breakdown/ read, tail/ written); None: figures only (`k25exp
     analyze --tail` without --out). quiet: no table on stdout; threshold_ms: the tail is the
-    gaps above it (an SLO) instead of the p99."""
+    gaps above it (an SLO) instead of the p99; breakdown: the folder with the breakdown's
+    steps_<rank>.csv (default out/breakdown, where the profile runner writes it)."""
     try:
         stalls.mark(records)
         trace = read_trace(lowest_rank(traces))
@@ -73,7 +75,7 @@ def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock,
         if out is None:
             metrics = {**t.metrics(), **j.alignment.metrics()}
         else:
-            found = sorted((out / "breakdown").glob("steps_rank*.csv"),
+            found = sorted((breakdown or out / "breakdown").glob("steps_rank*.csv"),
                            key=lambda p: int(re.sub(r"\D", "", p.stem) or 1 << 30))
             cats = step_categories(found[0], offset, steps) if found else {}
             metrics = write_tail(t, out / "tail", categories=cats)

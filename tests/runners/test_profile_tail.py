@@ -61,6 +61,13 @@ def test_the_profiled_tail_is_joined_to_the_steps_and_logged(model, tmp_path):
     # what grew in the slow step: the stub's one operator (aten::mm), 150 ms over the median
     rows = list(csv.DictReader(open(out / "tail" / "tail_gaps.csv")))
     assert rows and all(r["step_grew"].startswith("gemm_dense +15") for r in rows), rows[0]
+    # the same from `k25exp analyze TRACE --tail RUN --out DIR` (the breakdown it writes to DIR)
+    from k25exp.commands.analyze import main as analyze_main
+
+    assert analyze_main([str(out / "traces"), "--tail", str(out), "--json",
+                         "--out", str(tmp_path / "again")]) == 0
+    again = list(csv.DictReader(open(tmp_path / "again" / "tail" / "tail_gaps.csv")))
+    assert [r["step_grew"] for r in again] == [r["step_grew"] for r in rows]
     clock = json.loads((out / "clock.json").read_text())
     assert clock["wall_t1_ns"] > clock["wall_t0_ns"]
     assert "inferred" in rec.tags["tail.note"]
