@@ -42,7 +42,8 @@ from k25exp.stats import min_samples, percentile
 CAUSES = ("prefill", "engine", "skipped", "delivery")
 # a trace's cause (k25exp.traces.tail_causes) as the client alone can name it
 FROM_TRACE = {"prefill": "prefill", "long_step": "engine", "host_gap": "engine",
-              "skipped": "skipped", "delivery": "delivery"}
+              "skipped": "skipped", "delivery": "delivery",
+              "launch": "engine"}  # the host held every request's tokens: an engine-wide pause
 
 
 @dataclass

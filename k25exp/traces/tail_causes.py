@@ -14,7 +14,10 @@ typical gap of the level holds:
   skipped    decoding steps the request was left out of (waiting, preempted; inferred:
              no request ids in the trace)
   host_gap   the host gap before that step above the median host gap, plus empty steps
-  delivery   the token's delivery delay grew (step done → client arrival: the API server,
+  launch     under async scheduling, the token's step was done but the host was still
+             launching the next step, and vLLM hands a step's tokens on only after that
+             launch (a host blocked in it, e.g. by a call that waits for the device, holds them)
+  delivery   the rest of the growth in its delivery delay (step done → client arrival: the API server,
              the network, the client's event loop: delivery or client lag), plus steps whose
              tokens were merged into this chunk (made on time, delivered together)
 
@@ -35,7 +38,7 @@ import numpy as np
 from k25exp.stats import min_samples, percentile
 from k25exp.traces.token_gaps import Gap, TokenJoin
 
-CAUSES = ("prefill", "long_step", "skipped", "host_gap", "delivery")
+CAUSES = ("prefill", "long_step", "skipped", "host_gap", "launch", "delivery")
 UNEXPLAINED = "unexplained"
 ALL = CAUSES + (UNEXPLAINED,)
 
@@ -111,6 +114,7 @@ def named_parts(g: Gap, ref_step_ms: float, ref_host_ms: float, own_prefilled: b
             "long_step": 0.0 if own_prefilled else own_excess,
             "skipped": g.skipped_ms,
             "host_gap": max(0.0, g.host_ms - ref_host_ms) + g.empty_ms,
+            "launch": max(0.0, g.launch_ms),
             "delivery": max(0.0, g.delivery_ms) + g.merged_ms}
 
 
@@ -160,7 +164,7 @@ def tail(join: TokenJoin, threshold_ms: Optional[float] = None) -> Tail:
                     unjoined += 1
                     ex = max(0.0, float(x) - p50)
                     g = Gap(r.i, k, int(r.tokens[k]), float(x), -1, -1, 0.0, 0.0, 0.0, 0.0, 0.0,
-                            0.0, 0.0, float("nan"), 0, k in r.stall_chunks)
+                            0.0, 0.0, float("nan"), 0, k in r.stall_chunks, 0.0)
                     out.append(TailGap(g, ex, {**dict.fromkeys(CAUSES, 0.0), UNEXPLAINED: ex},
                                        UNEXPLAINED, p99 is not None and x > p99))
     if join.unjoined:

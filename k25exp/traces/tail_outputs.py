@@ -10,7 +10,8 @@ the worst requests' timelines.
                            and batch (decode requests, prefill tokens) and, where the breakdown
                            analysed that step, what grew in it (its categories over the median)
     token_gaps.csv.gz      every gap of the level joined to its steps (parts, delivery delay)
-    steps.csv              every engine step on the timeline (ms): start, done, kind, batch
+    steps.csv              every engine step on the timeline (ms): start, done, the next
+                           step's launch (async scheduling), kind, batch
     timeline.png           the worst requests: the steps around their worst gap (what each
                            held for the request: its own, skipped, prefill), the chunks'
                            arrivals, the gap's parts
@@ -118,10 +119,12 @@ def write_tail(t: Tail, out: Path, worst: int = 3,
     start, done = t.join.step_ms()
     with open(out / "steps.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "name", "kind", "start_ms", "done_ms", "decode_requests",
-                    "prefill_requests", "prefill_tokens"])
+        w.writerow(["step", "name", "kind", "start_ms", "done_ms", "next_launched_ms",
+                    "decode_requests", "prefill_requests", "prefill_tokens"])
+        zero = t.join.zero_ns
         for s, a, b in zip(steps, start, done):
-            w.writerow([s.index, s.name, s.kind, round(a, 4), round(b, 4),
+            nl = "" if s.next_launched_ns is None else round((s.next_launched_ns - zero) / 1e6, 4)
+            w.writerow([s.index, s.name, s.kind, round(a, 4), round(b, 4), nl,
                         s.info.generation_requests, s.info.context_requests,
                         s.info.context_tokens if s.info.context_tokens is not None else ""])
     al = t.join.alignment

@@ -47,7 +47,14 @@ into parts that add up to it exactly:
     skipped_ms    other decoding steps: the request was left out (waiting, preempted; inferred)
     prefill_ms    steps that decoded nothing and prefilled (the engine paused every decode)
     empty_ms      steps that did neither
-  delivery_ms the change in delivery delay, (a_j − done_s) − (a_{j−1} − done_p)
+  launch_ms   under async scheduling (the host launches step N + 1 before step N is done),
+              the change in the part of the delivery delay spent before the next step was
+              launched: vLLM hands a step's tokens on only after launching the next one, so a
+              host blocked in that launch holds them. With L_s = end of step s + 1's host
+              range: held_s = clamp(L_s − done_s, 0, a_j − done_s); launch = held_s − held_p
+              (0 where the trace shows no async scheduling, or no host range)
+  delivery_ms the rest of the change in delivery delay, (a_j − done_s) − (a_{j−1} − done_p)
+              − launch_ms
 """
 
 from __future__ import annotations
@@ -148,6 +155,10 @@ class EngineStep:
     end_ns: int      # the step annotation's end (the forward)
     done_ns: int     # its outputs ready: the last model-runner scope after it, before the next step
     info: StepInfo
+    # Under async scheduling (a device trace whose host launches step N + 1 before step N is
+    # done), the end of step N + 1's host range: the engine hands step N's tokens on only
+    # after it has launched the next step. None: not known, or not async.
+    next_launched_ns: Optional[int] = None
 
     @property
     def decodes(self) -> bool:
@@ -186,6 +197,7 @@ def engine_steps(trace: Trace) -> list[EngineStep]:
     s_start = np.array([s for s, _ in scopes], dtype=np.int64)
     s_end = np.array([e for _, e in scopes], dtype=np.int64)
     off = trace.clock_offset_ns
+    launched = _next_launched(trace, merged, anns) if device else [None] * len(merged)
     out: list[EngineStep] = []
     for i, st in enumerate(merged):
         limit = merged[i + 1].start_ns if i + 1 < len(merged) else None
@@ -199,8 +211,31 @@ def engine_steps(trace: Trace) -> list[EngineStep]:
                 if limit is not None:
                     done = min(done, limit)
         out.append(EngineStep(i, st.name, st.start_ns + off, max(st.start_ns, end) + off,
-                              max(st.start_ns, done) + off, parse_step_name(st.name)))  # type: ignore[arg-type]
+                              max(st.start_ns, done) + off, parse_step_name(st.name),  # type: ignore[arg-type]
+                              None if launched[i] is None else launched[i] + off))
     return out
+
+
+def _next_launched(trace: Trace, merged: list, device_anns: list) -> list[Optional[int]]:
+    """Per device step, the end of the next step's host range (trace ns) where the trace shows
+    async scheduling, else None for every step. A device step's host range is the host
+    annotation its copies share an External id with (Kineto's link; k25exp.traces.
+    device_copies keeps it on the copies it rebuilds). Async: the host starts step N + 1
+    before step N is done on the device, for at least half the consecutive pairs."""
+    host = {a.ext_id: a for a in trace.annotations
+            if a.cat == "user_annotation" and a.ext_id is not None and parse_step_name(a.name) is not None}
+    first: dict[int, int] = {}   # device step start → its host annotation's External id
+    for a in sorted(device_anns, key=lambda a: a.start_ns):
+        if a.ext_id in host:
+            first.setdefault(a.start_ns, a.ext_id)
+    rng = [(host[e].start_ns, host[e].end_ns) if (e := first.get(st.start_ns)) is not None else None
+           for st in merged]
+    pairs = [(rng[i + 1][0] < merged[i].end_ns) for i in range(len(merged) - 1)
+             if rng[i + 1] is not None]
+    if len(pairs) < 2 or 2 * sum(pairs) < len(pairs):
+        return [None] * len(merged)
+    return [rng[i + 1][1] if i + 1 < len(rng) and rng[i + 1] is not None else None
+            for i in range(len(merged))]
 
 
 @dataclass
@@ -336,12 +371,15 @@ class Gap:
     skipped_ms: float
     prefill_ms: float
     empty_ms: float
-    delivery_ms: float   # the change in delivery delay
+    delivery_ms: float   # the change in delivery delay, less launch_ms
     deliver_ms: float    # this chunk's own delivery delay (step done → arrival)
     skipped_steps: int
     stall: bool          # the chunk ended a delivery stall (load.stalls)
+    launch_ms: float = 0.0  # the change in the part of the delivery delay spent before the
+    #                         next step was launched (async scheduling; module docstring)
 
-    PARTS = ("own_ms", "host_ms", "merged_ms", "skipped_ms", "prefill_ms", "empty_ms", "delivery_ms")
+    PARTS = ("own_ms", "host_ms", "merged_ms", "skipped_ms", "prefill_ms", "empty_ms",
+             "launch_ms", "delivery_ms")
 
     def parts(self) -> dict[str, float]:
         return {p: getattr(self, p) for p in self.PARTS}
@@ -394,7 +432,10 @@ def join(steps: Sequence[EngineStep], records: Sequence[dict], clock: ClientCloc
     tol_s = min(0.0, shifted.lo_ms if math.isfinite(shifted.lo_ms) else 0.0) - 1e-3
     horizon = horizon_ms or max(1000.0, 20 * step_med)
     typical = _fifo_delivery(done, steps, reqs)
-    ctx_arr = _Steps(start, done, gen, ctx, cg, tps)
+    launched = np.array([np.nan if s.next_launched_ns is None else (s.next_launched_ns - zero) / 1e6
+                         for s in steps])
+    ctx_arr = _Steps(start, done, gen, ctx, cg, tps,
+                     launched if np.isfinite(launched).any() else None)
     assigned, unjoined = {}, {}
     for _ in range(2):  # the typical delivery refitted once, on the first pass's paths
         assigned, unjoined = {}, {}
@@ -426,6 +467,7 @@ class _Steps:
     ctx: np.ndarray    # bool: it prefilled
     cg: np.ndarray     # cumulative count of decoding steps
     tps: int           # tokens a step can give one request
+    launched: Optional[np.ndarray] = None  # next step's host range end (ms), NaN: unknown
 
 
 def _fifo_delivery(done: np.ndarray, steps: Sequence[EngineStep], reqs: Sequence[ClientRequest]) -> float:
@@ -496,12 +538,21 @@ def _gaps(r: ClientRequest, path: np.ndarray, st: _Steps, steps: Sequence[Engine
             else:
                 parts["prefill_ms" if st.ctx[i] else "empty_ms"] += t
         d_now, d_prev = r.arrive_ms[j] - st.done[s], r.arrive_ms[j - 1] - st.done[p]
+        launch = _held(st, s, d_now) - _held(st, p, d_prev)
         out.append(Gap(r.i, j, k, float(r.arrive_ms[j] - r.arrive_ms[j - 1]), s, p,
                        float(st.done[s] - st.start[s]), float(st.start[s] - st.done[s - 1]),
                        float(parts["merged_ms"]), float(parts["skipped_ms"]),
                        float(parts["prefill_ms"]), float(parts["empty_ms"]),
-                       float(d_now - d_prev), float(d_now), skipped, j in r.stall_chunks))
+                       float(d_now - d_prev - launch), float(d_now), skipped, j in r.stall_chunks,
+                       float(launch)))
     return out
+
+
+def _held(st: _Steps, s: int, deliver_ms: float) -> float:
+    """The part of step s's token's delivery delay spent before the next step was launched."""
+    if st.launched is None or not np.isfinite(st.launched[s]):
+        return 0.0
+    return float(min(max(st.launched[s] - st.done[s], 0.0), max(deliver_ms, 0.0)))
 
 
 def _batch_match(j: TokenJoin) -> tuple[int, int]:

@@ -12,7 +12,7 @@ def tail_metrics(prefill: float, long_step: float, n: int = 500) -> dict[str, fl
     m = {"tail.itl_ms_p50": 20.0, "tail.itl_ms_p99": 60.0, "tail.itl_n": float(n),
          "tail.gaps": 5.0, "tail.excess_ms": 200.0, "tail.caused_pct": 97.5,
          "clock.error_ms": 2.5, "tail_client.agree_pct": 80.0}
-    m.update({f"tail.cause.{c}_pct": 0.0 for c in ("skipped", "host_gap", "delivery")})
+    m.update({f"tail.cause.{c}_pct": 0.0 for c in ("skipped", "host_gap", "launch", "delivery")})
     m.update({"tail.cause.prefill_pct": prefill, "tail.cause.long_step_pct": long_step,
               "tail.cause.unexplained_pct": 100 - 97.5})
     return m
@@ -38,9 +38,10 @@ def test_the_newest_decomposition_at_each_profiled_level_and_the_macros_levels()
     sec = tail_section(Campaign("x", "sqlite://", [old, new, c32, before, macro]))
     assert sec.title == TITLE
     prof, mac = sec.tables
-    assert prof.columns[6:12] == ["prefill", "long_step", "skipped", "host_gap", "delivery", "unexplained"]
+    assert prof.columns[6:13] == ["prefill", "long_step", "skipped", "host_gap", "launch", "delivery",
+                                  "unexplained"]
     assert [r[0] for r in prof.rows] == [8, 32] and prof.rows[0][-1] is new
-    assert prof.rows[0][6:13] == [60.0, 37.5, 0.0, 0.0, 0.0, 2.5, 97.5]
+    assert prof.rows[0][6:14] == [60.0, 37.5, 0.0, 0.0, 0.0, 0.0, 2.5, 97.5]
     assert prof.rows[1][3] == 2000 and prof.rows[1][-3:-1] == [2.5, 80.0]
     assert mac.columns[5:9] == ["prefill", "engine", "skipped", "delivery"]
     assert mac.rows == [[8, 21.0, 70.0, 400, 4, 50.0, 50.0, 0.0, 0.0, 0, 75.0, macro]]

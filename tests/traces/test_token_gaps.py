@@ -23,7 +23,7 @@ import pytest
 from k25exp.traces import read_trace
 from k25exp.traces.tail_causes import tail
 from k25exp.traces.token_gaps import ClientClock, engine_steps, join
-from tests.traces.builders import BASE, op, step, write_trace
+from tests.traces.builders import BASE, ev, op, step, write_trace
 
 B_NS = 1_790_000_000_000_000_000   # the trace's baseTimeNanoseconds
 ZERO_NS = B_NS + int(BASE * 1000)  # the system clock at ts = 0 (S0's start)
@@ -161,3 +161,73 @@ def test_a_request_without_its_prefill_in_the_trace_is_left_unjoined_with_why(st
     (g,) = [g for g in t.gaps if g.gap.request == 2]
     assert g.gap.step == -1 and g.cause == "unexplained"
     assert math.isclose(g.parts["unexplained"], 52.5 - t.p50_ms) and t.unjoined_tail == 1
+
+
+# An async-scheduled device trace (ms): each step's host range launches it, the next one
+# starts while the device still runs the step before, except S4's, blocked until 75 (a call
+# that waits for the device); vLLM hands step N's tokens on only after launching N + 1.
+#   step  device      host       A's chunk arrives (max(done, next launch) + 1)
+#   S0    0 – 10      −3 – −1    11   (prefill)
+#   S1    10 – 20     2 – 4      21
+#   S2    20 – 30     12 – 14    31
+#   S3    30 – 40     22 – 24    76   (S4's launch ends at 75)
+#   S4    76 – 86     32 – 75    87
+#   S5    86 – 96     78 – 80    97
+ASYNC = [(PREFILL_8 := "execute_context_1(8)_generation_0(0)", 0, 10, -3, -1)] + [
+    ("execute_context_0(0)_generation_1(1)", d0, d1, h0, h1)
+    for d0, d1, h0, h1 in ((10, 20, 2, 4), (20, 30, 12, 14), (30, 40, 22, 24), (76, 86, 32, 75),
+                           (86, 96, 78, 80))]
+
+
+def _device_trace(tmp_path, rows):
+    events = []
+    for i, (name, d0, d1, h0, h1) in enumerate(rows):
+        events += [step(name, d0 * 1e3, (d1 - d0) * 1e3, device=True, ext=i + 1),
+                   ev("fused_moe_kernel", d0 * 1e3 + 1, (d1 - d0) * 1e3 - 2),
+                   step(name, h0 * 1e3, (h1 - h0) * 1e3, ext=i + 1)]
+    path = write_trace(tmp_path / "rank0.pt.trace.json", events,
+                       meta={"schemaVersion": 1, "baseTimeNanoseconds": B_NS})
+    return engine_steps(read_trace(path))
+
+
+def test_a_token_held_behind_the_next_steps_launch_is_named_by_hand(tmp_path):
+    """S3's token waited 35 ms after S3 was done (75 − 40) for S4's launch: the gap of A's
+    chunk 3 (31 → 76: 45 ms) is S3's own 10 + launch 35, and the tail (p50 10 ms, above 20)
+    names it `launch`, not delivery. The next gap (76 → 87) gives the 35 ms back: host gap 36
+    before S4 on the device, launch −35, own 10."""
+    steps = _device_trace(tmp_path, ASYNC)
+    # each step's next launch, on the timeline (the device's S0 start is its zero)
+    assert [None if s.next_launched_ns is None else (s.next_launched_ns - ZERO_NS) / 1e6
+            for s in steps] == [4, 14, 24, 75, 80, None]
+    recs = [record(0, -5, [11, 21, 31, 76, 87, 97])]
+    j = join(steps, recs, CLOCK)
+    assert j.assigned[0].tolist() == [0, 1, 2, 3, 4, 5]
+    got = {g.chunk: g for g in j.gaps}
+    c3, c4 = got[3], got[4]
+    assert (c3.gap_ms, c3.own_ms, c3.host_ms, c3.launch_ms, c3.delivery_ms) == pytest.approx(
+        (45, 10, 0, 35, 0))
+    assert (c4.gap_ms, c4.own_ms, c4.host_ms, c4.launch_ms, c4.delivery_ms) == pytest.approx(
+        (11, 10, 36, -35, 0))
+    for g in j.gaps:
+        assert sum(g.parts().values()) == pytest.approx(g.gap_ms)
+    t = tail(j, threshold_ms=20)
+    (tg,) = t.gaps
+    assert tg.gap.chunk == 3 and tg.cause == "launch"
+    assert tg.parts["launch"] == pytest.approx(35) and tg.parts["delivery"] == pytest.approx(0, abs=1e-9)
+    assert t.metrics()["tail.cause.launch_pct"] == pytest.approx(100)
+
+
+def test_without_async_scheduling_no_launch_is_read(tmp_path):
+    """Sync scheduling: each step's host range starts after the step before is done on the
+    device (devices 0-10, 11-21, 22-32, 33-43, 79-89, 90-100; hosts 0.2 ms after the previous
+    end until 0.2 ms before the step): no next launch is read, and the token that waited 36 ms
+    after S3 (arriving at 79) keeps the 35 ms over the 1 ms before as delivery."""
+    dev = [(0, 10), (11, 21), (22, 32), (33, 43), (79, 89), (90, 100)]
+    rows = [(ASYNC[0][0], 0, 10, -3, -1)] + [(ASYNC[1][0], d0, d1, dev[i][1] + 0.2, d0 - 0.2)
+                                            for i, (d0, d1) in enumerate(dev[1:])]
+    steps = _device_trace(tmp_path, rows)
+    assert all(s.next_launched_ns is None for s in steps)
+    j = join(steps, [record(0, -5, [11, 22, 33, 79, 90, 101])], CLOCK)
+    assert j.assigned[0].tolist() == [0, 1, 2, 3, 4, 5]
+    c3 = {g.chunk: g for g in j.gaps}[3]
+    assert (c3.gap_ms, c3.launch_ms, c3.delivery_ms) == pytest.approx((46, 0, 35))
