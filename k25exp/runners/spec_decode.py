@@ -18,8 +18,9 @@ minutes apart.
 Logged: round 1's (first α's) figures under their macro names (speculative server), under
 `baseline/` and `baseline_sync/`; per point (k25exp.runners.spec_decode_results) the median over
 rounds and spread, the speedup's median, min–max and bootstrap interval, at step = concurrency,
-named by acceptance (`a0.7/…`, `model/…`; `k3/a0.7/…` with draft_lengths). The server left running is the last measured, so a
-sweep over speculative settings reuses the baseline when it is still up (spec_repeats = 1).
+named by acceptance (`a0.7/…`, `model/…`; `k3/a0.7/…` with draft_lengths). The server left
+running is the last measured, so a sweep over speculative settings reuses the baseline when it
+is still up (spec_repeats = 1).
 Artifacts: spec/, baseline/, baseline_sync/ (round 1's macro files), rounds/ (the others',
 r<round>_<server>[_a<α>], the server spec_k<k> with draft_lengths), points.csv (one row per
 server, k, α, round and level), results.txt/.csv (the points).
