@@ -85,13 +85,19 @@ def _settings(c: Campaign) -> list[list[RunView]]:
     and α's, model, TP), newest first within a group."""
     groups: dict[tuple, list[RunView]] = {}
     for r in c.of("spec_decode"):
-        key = tuple(r.params.get(k) for k in (
+        key = tuple(_param(r, k) for k in (
             "experiment.method", "experiment.draft_model", "experiment.num_speculative_tokens",
             "experiment.draft_lengths", "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
             "experiment.prompt_lookup_max", "experiment.input_tokens", "experiment.output_tokens",
             "model.name", "server.tp"))
         groups.setdefault(key, []).append(r)
     return list(groups.values())
+
+
+def _param(r: RunView, key: str):
+    """A setting's param; draft_lengths unset (runs before it existed, or null) is []."""
+    v = r.params.get(key)
+    return (v if v not in (None, "null", "None") else "[]") if key == "experiment.draft_lengths" else v
 
 
 def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

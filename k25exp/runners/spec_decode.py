@@ -75,7 +75,8 @@ def rounds_order(names: list[str], repeats: int, baseline_first: bool) -> list[l
 
 
 def spec_name(k: int, multi: bool) -> str:
-    """A speculative server's name in the plan, its rounds/ folders and points.csv."""
+    """A speculative server's name in the plan and its rounds/ folders (points.csv says
+    server=spec and its k)."""
     return f"spec_k{k}" if multi else "spec"
 
 

@@ -110,12 +110,16 @@ class Tail:
 def named_parts(g: Gap, ref_step_ms: float, ref_host_ms: float, own_prefilled: bool) -> dict[str, float]:
     """The ms each cause holds in one gap, measured against a typical gap (module docstring)."""
     own_excess = max(0.0, g.own_ms - ref_step_ms)
+    # launch and delivery share the growth of the delivery delay: what grew (net) is named,
+    # launch first; a hold released (launch < 0) offsets delivery rather than adding to it
+    net = max(0.0, g.launch_ms + g.delivery_ms)
+    launch = min(max(0.0, g.launch_ms), net)
     return {"prefill": (own_excess if own_prefilled else 0.0) + g.prefill_ms,
             "long_step": 0.0 if own_prefilled else own_excess,
             "skipped": g.skipped_ms,
             "host_gap": max(0.0, g.host_ms - ref_host_ms) + g.empty_ms,
-            "launch": max(0.0, g.launch_ms),
-            "delivery": max(0.0, g.delivery_ms) + g.merged_ms}
+            "launch": launch,
+            "delivery": net - launch + g.merged_ms}
 
 
 def level_itl(join: TokenJoin) -> list[float]:

@@ -52,7 +52,7 @@ into parts that add up to it exactly:
               launched: vLLM hands a step's tokens on only after launching the next one, so a
               host blocked in that launch holds them. With L_s = end of step s + 1's host
               range: held_s = clamp(L_s − done_s, 0, a_j − done_s); launch = held_s − held_p
-              (0 where the trace shows no async scheduling, or no host range)
+              (0 where the trace shows no async scheduling, or either L is unknown)
   delivery_ms the rest of the change in delivery delay, (a_j − done_s) − (a_{j−1} − done_p)
               − launch_ms
 """
@@ -538,7 +538,9 @@ def _gaps(r: ClientRequest, path: np.ndarray, st: _Steps, steps: Sequence[Engine
             else:
                 parts["prefill_ms" if st.ctx[i] else "empty_ms"] += t
         d_now, d_prev = r.arrive_ms[j] - st.done[s], r.arrive_ms[j - 1] - st.done[p]
-        launch = _held(st, s, d_now) - _held(st, p, d_prev)
+        h_now, h_prev = _held(st, s, d_now), _held(st, p, d_prev)
+        # both ends known, or none of it: one end alone would move the other's hold into delivery
+        launch = h_now - h_prev if h_now is not None and h_prev is not None else 0.0
         out.append(Gap(r.i, j, k, float(r.arrive_ms[j] - r.arrive_ms[j - 1]), s, p,
                        float(st.done[s] - st.start[s]), float(st.start[s] - st.done[s - 1]),
                        float(parts["merged_ms"]), float(parts["skipped_ms"]),
@@ -548,10 +550,12 @@ def _gaps(r: ClientRequest, path: np.ndarray, st: _Steps, steps: Sequence[Engine
     return out
 
 
-def _held(st: _Steps, s: int, deliver_ms: float) -> float:
-    """The part of step s's token's delivery delay spent before the next step was launched."""
+def _held(st: _Steps, s: int, deliver_ms: float) -> Optional[float]:
+    """The part of step s's token's delivery delay spent before the next step was launched;
+    None where the next launch is not known (no async scheduling, the last step, a step whose
+    successor has no host range)."""
     if st.launched is None or not np.isfinite(st.launched[s]):
-        return 0.0
+        return None
     return float(min(max(st.launched[s] - st.done[s], 0.0), max(deliver_ms, 0.0)))
 
 

@@ -35,7 +35,11 @@ def test_a_job_of_several_draft_lengths_gives_each_point_its_k():
     one = run(2, point("a0.7", 4, 6.0, 10.0, 2.4), **{"experiment.num_speculative_tokens": "5"})
     (p,) = points_of([one])
     assert (p.k, p.alpha, p.spec_ms) == (5, 0.7, 6.0)  # k from the job's num_speculative_tokens
-    # a job of several k never pools with a job of one: different settings
-    groups = _settings(Campaign("c", "uri", [several, one, run(3, point("a0.7", 4, 6.2, 10.0, 2.4),
-                                                                 **{"experiment.num_speculative_tokens": "5"})]))
-    assert sorted(len(g) for g in groups) == [1, 2]
+    # one setting: a job of one k logs draft_lengths [] and pools with a run from before the
+    # key existed (no param); a job of several k at the same num_speculative_tokens does not
+    k3 = {"experiment.num_speculative_tokens": "3"}
+    new = run(3, point("a0.7", 4, 6.0, 10.0, 2.4), **k3, **{"experiment.draft_lengths": "[]"})
+    old = run(4, point("a0.7", 4, 6.2, 10.0, 2.4), **k3)
+    groups = _settings(Campaign("c", "uri", [several, new, old]))
+    assert sorted(sorted(r.run_id for r in g) for g in groups) == [
+        [several.run_id], sorted([new.run_id, old.run_id])]

@@ -231,3 +231,31 @@ def test_without_async_scheduling_no_launch_is_read(tmp_path):
     assert j.assigned[0].tolist() == [0, 1, 2, 3, 4, 5]
     c3 = {g.chunk: g for g in j.gaps}[3]
     assert (c3.gap_ms, c3.launch_ms, c3.delivery_ms) == pytest.approx((46, 0, 35))
+
+
+def test_launch_and_delivery_name_only_what_the_delivery_delay_grew():
+    """Named parts by hand: a hold released (the previous token held 35 ms, this one not)
+    offsets a 35 ms delivery wait, so neither is named; a 10 ms launch hold with the rest of
+    the delivery 4 ms quicker names 6 ms of launch; the end of the trace (no next launch)
+    leaves the change to delivery."""
+    from k25exp.traces.tail_causes import named_parts
+    from k25exp.traces.token_gaps import Gap
+
+    def gap(launch, delivery):
+        return Gap(0, 1, 1, 50.0, 1, 0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0, delivery, 5.0, 0, False, launch)
+
+    released = named_parts(gap(-35.0, 35.0), 10.0, 0.0, False)
+    assert (released["launch"], released["delivery"]) == (0.0, 0.0)
+    held = named_parts(gap(10.0, -4.0), 10.0, 0.0, False)
+    assert (held["launch"], held["delivery"]) == pytest.approx((6.0, 0.0))
+    both = named_parts(gap(10.0, 5.0), 10.0, 0.0, False)
+    assert (both["launch"], both["delivery"]) == pytest.approx((10.0, 5.0))
+
+
+def test_a_gap_with_one_end_unknown_keeps_its_change_as_delivery(tmp_path):
+    """S5, the last step, has no next launch: the gap S4 → S5 (87 → 97) gets no launch part,
+    although S4's end is known (held 0: S5 was launched at 80, before S4 was done at 86)."""
+    steps = _device_trace(tmp_path, ASYNC)
+    j = join(steps, [record(0, -5, [11, 21, 31, 76, 87, 97])], CLOCK)
+    c5 = {g.chunk: g for g in j.gaps}[5]
+    assert (c5.launch_ms, c5.delivery_ms) == pytest.approx((0, 0))
