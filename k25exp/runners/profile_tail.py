@@ -77,7 +77,9 @@ def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock,
         else:
             found = sorted((breakdown or out / "breakdown").glob("steps_rank*.csv"),
                            key=lambda p: int(re.sub(r"\D", "", p.stem) or 1 << 30))
-            cats = step_categories(found[0], offset, steps) if found else {}
+            # the lowest rank's file whose steps are this trace's (a reused --out folder may
+            # hold another trace's: its starts match none)
+            cats = next((c for f in found if (c := step_categories(f, offset, steps))), {})
             metrics = write_tail(t, out / "tail", categories=cats)
         by_trace = {(g.gap.request, g.gap.chunk): g.cause for g in t.gaps}
         fit = decode_prefills(records)
