@@ -175,13 +175,14 @@ def spec_point_samples(d: Path) -> Samples:
 
     exp = yaml.safe_load(cfg_path.read_text()).get("experiment", {})
     alphas = exp.get("alphas") if exp.get("acceptance") == "synthetic" else None
-    accs = [f"a{a:g}" for a in alphas] if alphas else ["model"]
-    k0 = exp.get("num_speculative_tokens")
-    ks = [k0, *[k for k in exp.get("draft_lengths") or [] if k != k0]]
+    from k25exp.config.experiments.serving import draft_order, spec_point_name, spec_server_name
+
     multi = bool(exp.get("draft_lengths"))
     # (point name, server folder's name, acceptance): k3/a0.7, spec_k3, a0.7 with draft_lengths
-    names = [(f"k{k}/{a}" if multi else a, f"spec_k{k}" if multi else "spec", a)
-             for k in ks for a in accs]
+    names = [(spec_point_name(a, k if multi else None), spec_server_name(k, multi),
+              spec_point_name(a)) for k in draft_order(exp.get("num_speculative_tokens"),
+                                                       exp.get("draft_lengths"))
+             for a in (alphas or [None])]
     rounds = d / "rounds"
 
     def pooled(files: list[Path]) -> dict[int, list[float]]:

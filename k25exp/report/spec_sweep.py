@@ -5,8 +5,9 @@ each point's gap to the ideal and the speedup surface.
 
 A run logs its points as `<acceptance>/<figure>` at step = concurrency
 (k25exp.runners.spec_decode_results): acceptance `a0.7` (synthetic α) or `model` (as the
-drafter achieves), `k3/a0.7` in a job of several draft lengths. Synthetic and as-the-model points are never fitted together: the drafter
-a fit is for names both its method and its acceptance mode.
+drafter achieves), `k3/a0.7` in a job of several draft lengths. Synthetic and as-the-model
+points are never fitted together: the drafter a fit is for names both its method and its
+acceptance mode.
 """
 
 from __future__ import annotations

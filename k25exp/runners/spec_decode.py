@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from k25exp.config.experiments import SpecDecodeConfig
+from k25exp.config.experiments.serving import spec_server_name
 from k25exp.config.schema import K25Config, ServerConfig
 from k25exp.model import routing
 from k25exp.runners import macro
@@ -74,12 +75,6 @@ def rounds_order(names: list[str], repeats: int, baseline_first: bool) -> list[l
     return [first if r % 2 == 0 else first[::-1] for r in range(repeats)]
 
 
-def spec_name(k: int, multi: bool) -> str:
-    """A speculative server's name in the plan and its rounds/ folders (points.csv says
-    server=spec and its k)."""
-    return f"spec_k{k}" if multi else "spec"
-
-
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: SpecDecodeConfig = cfg.experiment
     if exp.acceptance == "synthetic":  # each request draws its own acceptance (request_seed)
@@ -108,15 +103,15 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                       "named k<k>/a<α>/…"})
     base = servers(cfg, spec_json[ks[0]], [n for n, on in (("baseline", exp.baseline), (
         "baseline_sync", exp.baseline and exp.baseline_sync)) if on])
-    named = {spec_name(k, multi): servers(cfg, spec_json[k], [])["spec"] for k in ks}
+    named = {spec_server_name(k, multi): servers(cfg, spec_json[k], [])["spec"] for k in ks}
     named.update({n: c for n, c in base.items() if n != "spec"})
-    k_of = {spec_name(k, multi): k for k in ks}
+    k_of = {spec_server_name(k, multi): k for k in ks}
     plan = rounds_order(list(named), exp.spec_repeats,
                         baseline_first=exp.baseline and _running(cfg, model_path))
     measured: list[Measured] = []
     summary: dict[str, float] = {}
     last = (len(plan) - 1, plan[-1][-1])
-    headline = {spec_name(ks[0], multi), "baseline", "baseline_sync"}  # round 1's macro names
+    headline = {spec_server_name(ks[0], multi), "baseline", "baseline_sync"}  # round 1's macro names
     for r, order in enumerate(plan):
         for name in order:
             srv_cfg = replace(cfg, server=named[name])

@@ -20,6 +20,7 @@ from typing import Optional
 
 from k25exp import tables
 from k25exp.config.experiments import SpecDecodeConfig
+from k25exp.config.experiments.serving import spec_point_name
 from k25exp.stats import bootstrap_ci
 from k25exp.tracking.recorder import Capture, Recorder
 
@@ -39,13 +40,6 @@ class Measured:
 
     def level(self, c: int) -> dict[str, float]:
         return {k: v for k in LEVEL_KEYS if (v := self.cap.latest(k).get(c)) is not None}
-
-
-def point_name(alpha: Optional[float], k: Optional[int] = None) -> str:
-    """The metric prefix of an acceptance: a0.7, or model (as the drafter achieves); with a
-    draft length (a job of several, experiment.draft_lengths) k3/a0.7."""
-    name = "model" if alpha is None else f"a{alpha:g}"
-    return name if k is None else f"k{k}/{name}"
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -98,7 +92,7 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             if len(ratios) >= 2:
                 m["speedup_ci_lo"], m["speedup_ci_hi"] = bootstrap_ci(ratios)
             m["valid"] = valid
-            name = point_name(a, k_ if multi else None)
+            name = spec_point_name(a, k_ if multi else None)
             rec.log_metrics({f"{name}/{k}": v for k, v in m.items()}, step=c)
             rows.append([name, shown[c], len(st), m.get("base_tpot_ms_med"), m.get("sync_tpot_ms_med"),
                          m["spec_tpot_ms_med"], m["spec_tpot_ms_min"], m["spec_tpot_ms_max"],

@@ -308,6 +308,27 @@ class MacroConfig(Registered):
                                           "/reset_prefix_cache" if self.reset_prefix_cache else None,
                                           ", or set experiment.reset_prefix_cache=false")
 
+# spec_decode's names, shared by its runner, its points and `k25exp compare` (which reads a
+# run folder's config.resolved.yaml, not a typed config)
+def draft_order(num_speculative_tokens: int, draft_lengths: Optional[List[int]]) -> list[int]:
+    """The draft lengths a spec_decode job measures, num_speculative_tokens first."""
+    k = num_speculative_tokens
+    return [k, *[x for x in draft_lengths or [] if x != k]]
+
+
+def spec_server_name(k: int, multi: bool) -> str:
+    """A speculative server's name in the job's plan and its rounds/ folders (spec, or spec_k3
+    in a job of several draft lengths; points.csv says server=spec and its k)."""
+    return f"spec_k{k}" if multi else "spec"
+
+
+def spec_point_name(alpha: Optional[float], k: Optional[int] = None) -> str:
+    """A point's metric prefix: a0.7, or model (as the drafter achieves); with a draft length
+    (a job of several, experiment.draft_lengths) k3/a0.7."""
+    name = "model" if alpha is None else f"a{alpha:g}"
+    return name if k is None else f"k{k}/{name}"
+
+
 @experiment
 @dataclass
 class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
@@ -356,8 +377,7 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
 
     def k_values(self) -> list[int]:
         """The draft lengths this job measures, num_speculative_tokens first."""
-        k = self.num_speculative_tokens
-        return [k, *[x for x in self.draft_lengths if x != k]]
+        return draft_order(self.num_speculative_tokens, self.draft_lengths)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The speculative setting and the servers it launches."""
