@@ -11,7 +11,8 @@
 #                                              # inside a call's 10 minutes)
 #   benchmarks/h200_campaign.sh kimi-spec      # n-gram speculative decoding on the rank, k = 3,
 #                                              # against its own baseline (one job, two starts)
-#   benchmarks/h200_campaign.sh kimi-spec-synth  # a drafter (K25_SPEC, default ngram; K25_SPEC_K)
+#   benchmarks/h200_campaign.sh kimi-spec-synth  # a drafter (K25_SPEC, default ngram; K25_SPEC_K,
+#                                              # or K25_SPEC_DRAFTS='[1,3,5]' in one job)
 #                                              # at synthetic α 0.5/0.7/0.9 × c 1/4/16/64 against
 #                                              # the baseline (and, for ngram, without async
 #                                              # scheduling); campaign <K25_TAG>-kimi-spec
@@ -54,6 +55,9 @@ common=(hardware=$hw tracking=offline "paths.outputs=$out" "server.model_cache=$
 kimi=(model=kimi_k25_int4 model.tp_rank_of=8 server.load_format=dummy model.routing=uniform)
 [[ -n ${K25_LAYERS:-} ]] && kimi+=("model.num_hidden_layers=$K25_LAYERS")
 
+# K25_STAGE_S: stop the stage's job after this many seconds (SIGINT: the servers are stopped and
+# what was measured is kept), so a call that runs long still packs its runs before its limit
+limit=(); [[ -n ${K25_STAGE_S:-} ]] && limit=(timeout -s INT -k 30 "$K25_STAGE_S")
 mkdir -p "$out" && touch "$out/.stage-start"   # the traces this stage writes are newer
 case $stage in
   kimi-macro)
@@ -97,10 +101,13 @@ case $stage in
     # baseline without it), K25_SPEC_K its draft length
     spec=${K25_SPEC:-ngram}
     sync=true; [[ $spec == ngram ]] || sync=false
-    K25EXP_CAMPAIGN=${K25_GPU_CAMPAIGN:-$tag-kimi-spec} PHASES=spec_decode ./multirun.sh \
+    # K25_SPEC_DRAFTS='[1,3,5]': every k in one job, each its own server beside one baseline
+    # start (experiment.draft_lengths; K25_SPEC_K, default 3, must be among them)
+    drafts=(); [[ -n ${K25_SPEC_DRAFTS:-} ]] && drafts=("spec_decode:experiment.draft_lengths=$K25_SPEC_DRAFTS")
+    K25EXP_CAMPAIGN=${K25_GPU_CAMPAIGN:-$tag-kimi-spec} PHASES=spec_decode "${limit[@]}" ./multirun.sh \
       "${common[@]}" "${kimi[@]}" \
       "spec_decode:spec=$spec" spec_decode:experiment.acceptance=synthetic \
-      "spec_decode:experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \
+      "spec_decode:experiment.num_speculative_tokens=${K25_SPEC_K:-3}" "${drafts[@]}" \
       "spec_decode:experiment.baseline_sync=$sync" \
       "spec_decode:experiment.alphas=${K25_SPEC_ALPHAS_LIST:-[0.5,0.7,0.9]}" \
       "spec_decode:experiment.concurrency=${K25_SPEC_LEVELS:-[1,4,16,64]}" \
@@ -120,7 +127,7 @@ case $stage in
     # (K25_SPEC_BASELINES='[baseline]': the baseline captured in the same job, after the spec
     # server, for a drafter that keeps async scheduling; the default leaves them to the stages
     # above)
-    K25EXP_CAMPAIGN=$tag-kimi-spec $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
+    K25EXP_CAMPAIGN=$tag-kimi-spec "${limit[@]}" $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
       "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 \
       "experiment.baselines=${K25_SPEC_BASELINES:-[]}" \
       "experiment.num_speculative_tokens=${K25_SPEC_K:-3}" \

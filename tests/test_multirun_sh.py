@@ -232,6 +232,33 @@ def test_h200_spec_stage_serves_the_rank_with_one_drafter(tmp_path):
     assert "model.routing=uniform" in line and "server.enforce_eager=false" in line
 
 
+def test_h200_spec_synth_stage_takes_draft_lengths_and_a_time_limit(tmp_path):
+    """kimi-spec-synth with K25_SPEC_DRAFTS passes the draft lengths to spec_decode alone; with
+    K25_STAGE_S a job that outlives it is stopped and the stage still packs its runs."""
+    env = {**os.environ, "PYTHON": _recording_python(tmp_path), "K25_GPU_OUT": str(tmp_path / "out"),
+           "K25_SPEC": "ngram_gpu", "K25_SPEC_DRAFTS": "[1,3,5]", "K25_SPEC_K": "3"}
+    p = subprocess.run(["benchmarks/h200_campaign.sh", "kimi-spec-synth"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    line = _phase_lines(p.stdout)["spec_decode"]
+    assert "experiment.draft_lengths=[1,3,5]" in line and "experiment.num_speculative_tokens=3" in line
+    assert "spec=ngram_gpu" in line and "experiment.baseline_sync=false" in line, line
+    slow = tmp_path / "python"  # a job that never ends by itself
+    slow.write_text("#!/usr/bin/env bash\n"
+                    'if [[ "$1 $2" == "-m k25exp" ]]; then '
+                    f'echo started > {tmp_path / "job"}; exec sleep 600; fi\n'
+                    f'exec {warm_python()} "$@"\n')
+    slow.chmod(0o755)
+    got = tmp_path / "OUT"
+    got.mkdir()
+    env = {**env, "PYTHON": str(slow), "K25_STAGE_S": "2", "OUT": str(got)}
+    p = subprocess.run(["benchmarks/h200_campaign.sh", "kimi-spec-prof-spec"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert (tmp_path / "job").read_text().strip() == "started"
+    assert (got / "runs-kimi-spec-prof-spec.tar.gz").exists()
+
+
 def test_a_stage_brings_back_the_traces_it_wrote_in_parts(tmp_path):
     """A stage packs its runs without traces, and the traces written during the stage (not
     an earlier stage's) into 15 MiB parts that put back together give the files as written."""
