@@ -927,12 +927,15 @@ def read_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, fast: b
     )
     from k25exp.traces import device_copies  # it reads Trace: imported here, not at the top
 
-    if host := device_copies.uncovered(trace):
+    host = device_copies.uncovered(trace)
+    if host:
         # steps or scopes that launched work, with no gpu_user_annotation copy (CUDA graphs):
         # rebuilt from what launched each kernel, which needs every kernel's correlation id,
         # not only the linked ones' (uncovered found launches inside them: a re-read is worth it)
         if linked is not None:
             return read_trace(path, chunk_bytes, fast, None)
         device_copies.add(trace, host)
-        trace.read_s = time.perf_counter() - t0
+    if not any(device_copies.family(a.name) == "step" for a in host):
+        device_copies.widen_steps(trace)  # Kineto's step copies over the step's own kernels only
+    trace.read_s = time.perf_counter() - t0
     return trace

@@ -10,12 +10,15 @@ decoding the rejection sampler), `draft` (the drafter's proposal) and `bookkeep`
 
 A cycle is one analysed decode step from its start to the start of the next annotated step.
 Every instant of it goes to the first phase busy then, in this order:
-  verify    the step annotation itself (the target model's forward over every scheduled
-            token: under speculative decoding, the verification of k + 1 tokens per request)
+  verify    the `forward` scope inside the step (the target model's forward over every
+            scheduled token: under speculative decoding, the verification of k + 1 tokens per
+            request); the whole step annotation where the trace has no forward scope
   sample    the sampler scope
   draft     the drafter scope
   bookkeep  vLLM's bookkeeping scope
-  other     any other `gpu_model_runner:` scope outside the step
+  other     the step's time outside its forward (preprocess, postprocess: on a GPU under
+            speculative decoding the device waits there while the host reads back how many
+            drafts were accepted) and any other `gpu_model_runner:` scope
   gap       none of them: scheduling, output processing, waiting on the host
 so the phases add up to the cycle exactly. On a GPU trace the timeline is the device's (the
 scopes' gpu_user_annotation copies span their kernels): a drafter that runs on the host
@@ -38,6 +41,7 @@ from k25exp.traces.steps import Step
 SCOPE_PREFIX = "gpu_model_runner: "
 # vLLM's scopes outside the step annotation, by the phase they are
 SCOPE_PHASE = {"sample": "sample", "draft": "draft", "bookkeep": "bookkeep"}
+FORWARD = "forward"  # the model's forward, inside the step: the verify phase
 PHASES = ("verify", "sample", "draft", "bookkeep", "other", "gap")
 # the environment variable that turns vLLM's scopes on
 ENV = {"VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}
@@ -83,14 +87,18 @@ def step_phases(annotations: list[Annotation], steps: list[Step], source: str
     starts = np.array([a.start_ns for a, _ in scopes], dtype=np.int64)
     longest = max(a.end_ns - a.start_ns for a, _ in scopes)
     sums = dict.fromkeys(PHASES, 0)
+    forward = any(part == FORWARD for _, part in scopes)
     for s, lim, end in kept:
         lo = int(np.searchsorted(starts, s - longest, side="left"))
         hi = int(np.searchsorted(starts, lim, side="left"))
-        by: dict[str, list[tuple[int, int]]] = {"verify": [(s, min(end, lim))]}
+        inside = (s, min(end, lim))
+        by: dict[str, list[tuple[int, int]]] = ({"verify": [], "other": [inside]} if forward
+                                                else {"verify": [inside]})
         for a, part in scopes[lo:hi]:
             a0, a1 = max(a.start_ns, s), min(a.end_ns, lim)
             if a1 > a0:
-                by.setdefault(SCOPE_PHASE.get(part, "other"), []).append((a0, a1))
+                phase = "verify" if part == FORWARD else SCOPE_PHASE.get(part, "other")
+                by.setdefault(phase, []).append((a0, a1))
         claimed: list[tuple[int, int]] = []
         for p in PHASES[:-1]:
             before = _len(claimed)

@@ -121,3 +121,28 @@ def test_on_a_real_h100_graph_trace_the_steps_hold_kinetos_own_forward_copies():
         assert d.end_ns - d.start_ns > 3 * (h.end_ns - h.start_ns)
         checked += len(mine)
     assert checked == 12  # two lanes' copies per step, by hand from the file
+
+
+def test_a_step_copy_over_its_own_kernels_only_is_widened_to_its_nested_scopes(tmp_path):
+    """Kineto's step copy 1 µs wide while the forward launched inside the step ran 8 µs on the
+    device (seen on an H100 with n-gram drafts on the GPU): the step spans its nested scopes'
+    copies. A scope launched after the step's host range is not the step's."""
+    fwd = "gpu_model_runner: forward"
+    events = [step(DECODE, 0, 10, ext=1), step(fwd, 2, 3, ext=2),        # host: step ⊃ forward
+              step(DECODE, 20, 10, ext=3), step(fwd, 21, 2, ext=4),
+              step("gpu_model_runner: sample", 12, 2, ext=5),            # after step 1's host range
+              # device: step 1's own copy [11, 12]; its forward [3, 11]; the sample [13, 14]
+              step(DECODE, 11, 1, device=True, ext=1), step(fwd, 3, 8, device=True, ext=2),
+              step("gpu_model_runner: sample", 13, 1, device=True, ext=5),
+              step(DECODE, 21, 6, device=True, ext=3), step(fwd, 22, 4, device=True, ext=4),
+              kernel("k", 3, 8, 9)]
+    path = tmp_path / "t.json"
+    write_trace(path, events)
+    t = read_trace(path)
+    sel = select_steps(t, True, t.dur_ns >= 0)
+    got = [((s.start_ns - t.start_ns.min()) / 1000, (s.end_ns - t.start_ns.min()) / 1000)
+           for s in sel.steps]
+    # by hand: step 1 = [3, 12] (its forward [3, 11] and its own copy [11, 12], not the sample
+    # at 13); step 2 keeps [21, 27]; relative to the first work event (the kernel at 3)
+    assert got == [(0.0, 9.0), (18.0, 24.0)]
+    assert t.metadata.get("k25exp_steps_widened") == "1"

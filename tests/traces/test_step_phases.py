@@ -24,20 +24,30 @@ def scope(part, s, e, cat="user_annotation"):
 
 def test_host_cycles_split_into_phases_that_sum_to_the_cycle():
     steps = [step(0, 10, 20), step(20, 28, 40), step(40, 50, 200), step(200, 210, None)]
-    anns = [scope("forward", 1, 9),                       # inside the step: verify already
+    anns = [scope("forward", 1, 9), scope("forward", 21, 27),   # inside the steps: verify
             scope("sample", 10, 12), scope("draft", 12, 17), scope("bookkeep", 16, 18),
             scope("sample", 28, 30), scope("draft", 30, 36), scope("ModelRunnerOutput", 36, 37),
             scope("sample", 50, 52)]
     ph = step_phases(anns, steps, "user_annotation")
-    # cycle 1: verify 10, sample 2, draft 5, bookkeep 1 (its first ms is the draft's), gap 2
-    # cycle 2: verify 8, sample 2, draft 6, other 1, gap 3
+    # cycle 1: verify 8 (the forward), other 2 (the step's [0, 1] and [9, 10]), sample 2,
+    #   draft 5, bookkeep 1 (its first ms is the draft's), gap 2
+    # cycle 2: verify 6, other 2 + 1 (the step outside its forward; ModelRunnerOutput), sample 2,
+    #   draft 6, gap 3
     # cycle 3 (160 ms > 4 × median 20) dropped; the last step has no next step: no cycle
     assert (ph.timeline, ph.cycles, ph.dropped) == ("host", 2, 1)
-    assert ph.ms == pytest.approx({"verify": 9.0, "sample": 2.0, "draft": 5.5, "bookkeep": 0.5,
-                                   "other": 0.5, "gap": 2.5, "cycle": 20.0})
+    assert ph.ms == pytest.approx({"verify": 7.0, "sample": 2.0, "draft": 5.5, "bookkeep": 0.5,
+                                   "other": 2.5, "gap": 2.5, "cycle": 20.0})
     assert sum(v for k, v in ph.ms.items() if k != "cycle") == pytest.approx(ph.ms["cycle"])
     assert ph.host_ms == {}
     assert ph.metrics()["phase_draft_ms"] == pytest.approx(5.5)
+
+
+def test_without_a_forward_scope_the_whole_step_is_verify():
+    steps = [step(0, 10, 20), step(20, 28, None)]
+    ph = step_phases([scope("preprocess", 0, 2), scope("sample", 10, 12)], steps, "user_annotation")
+    # by hand: verify 10 (the step; its preprocess is inside it), sample 2, gap 8
+    assert ph.ms == pytest.approx({"verify": 10.0, "sample": 2.0, "draft": 0.0, "bookkeep": 0.0,
+                                   "other": 0.0, "gap": 8.0, "cycle": 20.0})
 
 
 def test_device_timeline_puts_a_host_drafter_in_the_gap_and_gives_its_host_time():
