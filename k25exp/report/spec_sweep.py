@@ -88,17 +88,21 @@ def _settings(c: Campaign) -> list[list[RunView]]:
     for r in c.of("spec_decode"):
         key = tuple(_param(r, k) for k in (
             "experiment.method", "experiment.draft_model", "experiment.num_speculative_tokens",
-            "experiment.draft_lengths", "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
+            "experiment.draft_lengths", "experiment.baseline_beside", "experiment.acceptance", "experiment.alphas", "experiment.prompt_lookup_min",
             "experiment.prompt_lookup_max", "experiment.input_tokens", "experiment.output_tokens",
             "model.name", "server.tp"))
         groups.setdefault(key, []).append(r)
     return list(groups.values())
 
 
+UNSET = {"experiment.draft_lengths": "[]", "experiment.baseline_beside": "False"}
+
+
 def _param(r: RunView, key: str):
-    """A setting's param; draft_lengths unset (runs before it existed, or null) is []."""
+    """A setting's param; a key unset (runs before it existed, or null) reads as its default
+    (draft_lengths [], baseline_beside False)."""
     v = r.params.get(key)
-    return (v if v not in (None, "null", "None") else "[]") if key == "experiment.draft_lengths" else v
+    return (v if v not in (None, "null", "None") else UNSET[key]) if key in UNSET else v
 
 
 def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

@@ -13,7 +13,10 @@ Each is measured by the macro runner (warm-up, single stream, each concurrency: 
 definitions). With spec_repeats > 1 every round starts every server afresh and the order is
 reversed every other round (S B B' | B' B S | ...), so the spread of a point holds what a rerun
 moves (start-to-start differences, drift), and each round's speedup pairs servers measured
-minutes apart.
+minutes apart. With experiment.baseline_beside a baseline start goes before and after every
+other server (B S3 B S1 B S5 B): each speculative measurement is paired with the mean of the
+two baselines next to it, so a machine that drifts over the round (a 2-core CPU moved 20 %
+within minutes) moves both sides of a speedup alike.
 
 Logged: round 1's (first α's) figures under their macro names (speculative server), under
 `baseline/` and `baseline_sync/`; per point (k25exp.runners.spec_decode_results) the median over
@@ -22,7 +25,8 @@ named by acceptance (`a0.7/…`, `model/…`; `k3/a0.7/…` with draft_lengths).
 running is the last measured, so a sweep over speculative settings reuses the baseline when it
 is still up (spec_repeats = 1).
 Artifacts: spec/, baseline/, baseline_sync/ (round 1's macro files), rounds/ (the others',
-r<round>_<server>[_a<α>], the server spec_k<k> with draft_lengths), points.csv (one row per
+r<round>[s<slot>]_<server>[_a<α>], the server spec_k<k> with draft_lengths, s<slot> for a baseline
+beside a later server), points.csv (one row per
 server, k, α, round and level), results.txt/.csv (the points).
 """
 
@@ -65,12 +69,16 @@ def servers(cfg: K25Config, spec_json: str, baselines: Sequence[str]) -> dict[st
     return out
 
 
-def rounds_order(names: list[str], repeats: int, baseline_first: bool) -> list[list[str]]:
+def rounds_order(names: list[str], repeats: int, baseline_first: bool,
+                 beside: bool = False) -> list[list[str]]:
     """Each round's order: reversed every other round, so no server always goes first. In
     round 1 the baseline goes first when it is already running (one start fewer), else last,
-    so a sweep's next job finds it running."""
+    so a sweep's next job finds it running. `beside`: a baseline start before and after every
+    other server (B S3 B S1 B S5 B), so each is paired with baselines measured next to it."""
     first = [n for n in names if n != "baseline"]
-    if "baseline" in names:
+    if beside and "baseline" in names:
+        first = ["baseline", *(x for n in first for x in (n, "baseline"))]
+    elif "baseline" in names:
         first = ["baseline", *first] if baseline_first else [*first, "baseline"]
     return [first if r % 2 == 0 else first[::-1] for r in range(repeats)]
 
@@ -107,20 +115,22 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     named.update({n: c for n, c in base.items() if n != "spec"})
     k_of = {spec_server_name(k, multi): k for k in ks}
     plan = rounds_order(list(named), exp.spec_repeats,
-                        baseline_first=exp.baseline and _running(cfg, model_path))
+                        baseline_first=exp.baseline and _running(cfg, model_path),
+                        beside=exp.baseline_beside)
     measured: list[Measured] = []
     summary: dict[str, float] = {}
-    last = (len(plan) - 1, plan[-1][-1])
+    last = (len(plan) - 1, len(plan[-1]) - 1)
     headline = {spec_server_name(ks[0], multi), "baseline", "baseline_sync"}  # round 1's macro names
     for r, order in enumerate(plan):
-        for name in order:
+        for slot, name in enumerate(order):
             srv_cfg = replace(cfg, server=named[name])
             kind = "spec" if name in k_of else name
+            again = name in order[:slot]  # a baseline beside a later server: its own folder
             for a in (alphas if kind == "spec" else [None]):
-                first = r == 0 and (a is None or a == alphas[0]) and name in headline
+                first = r == 0 and (a is None or a == alphas[0]) and name in headline and not again
                 cap = Capture(rec if first else MemoryRecorder(), PREFIX[kind] if first else "")
                 folder = out / kind if first else out / "rounds" / (
-                    f"r{r + 1}_{name}" + ("" if a is None else f"_a{a:g}"))
+                    f"r{r + 1}{f's{slot}' if again else ''}_{name}" + ("" if a is None else f"_a{a:g}"))
                 conn = None
                 if a is not None:  # the server up (started or reused), then α in its workers
                     conn = connect_server(srv_cfg)
@@ -135,9 +145,9 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                     res.update(started)
                 if first:
                     summary.update({PREFIX[kind] + k: v for k, v in res.items()})
-                measured.append(Measured(kind, a, r + 1, cap, k=k_of.get(name)))
-            if exp.spec_repeats > 1 and (r, name) != last:
-                _stop(srv_cfg, model_path)  # the next round starts it afresh
+                measured.append(Measured(kind, a, r + 1, cap, k=k_of.get(name), slot=slot))
+            if (r, slot) != last and (exp.spec_repeats > 1 or exp.baseline_beside):
+                _stop(srv_cfg, model_path)  # the next time it runs, it starts afresh
     summary.update(summarise(exp, measured, out, rec))
     return summary
 

@@ -2,9 +2,10 @@
 median over rounds, the spread and the speedup with its interval; the table and the metrics.
 
 A point is (α, concurrency) of one job's drafter at one k (a job of several draft lengths,
-experiment.draft_lengths, names its points k<k>/a<α>; their baseline is the round's one). Per round r the speedup is
-baseline TPOT p50 / speculative TPOT p50 at that level (the round pairs servers measured
-minutes apart); the point's speedup is the median over rounds, with min–max and a bootstrap
+experiment.draft_lengths, names its points k<k>/a<α>; their baseline is the round's one). Per
+round r the speedup is baseline TPOT p50 / speculative TPOT p50 at that level (the round pairs
+servers measured minutes apart; with experiment.baseline_beside the baseline is the mean of the
+two measured just before and after the speculative server: paired_base); the point's speedup is the median over rounds, with min–max and a bootstrap
 95 % interval of the median (stats.bootstrap_ci; none with one round). The step a
 verification takes, as measured: speculative TPOT × tokens per step, where tokens per step is
 the server's mean acceptance length (1 + accepted / drafts, vLLM's counters over the level).
@@ -37,9 +38,25 @@ class Measured:
     round: int
     cap: Capture
     k: Optional[int] = None  # the spec server's draft length (None: a baseline)
+    slot: int = 0            # its place in the round's order (baseline_beside pairs neighbours)
 
     def level(self, c: int) -> dict[str, float]:
         return {k: v for k in LEVEL_KEYS if (v := self.cap.latest(k).get(c)) is not None}
+
+
+def paired_base(bases: list[Measured], spec: Measured, c: int, beside: bool) -> dict[str, float]:
+    """The baseline figures at level c a speculative measurement is paired with: the round's
+    baseline; with baseline_beside the mean of the baselines in the slots next to it (TPOT
+    and every other figure; `valid` the lowest). {} when none measured the level."""
+    near = [b for b in bases if abs(b.slot - spec.slot) == 1] if beside else bases[:1]
+    figs = [f for b in near if (f := b.level(c))]
+    if not figs:
+        return {}
+    out = {k: sum(f[k] for f in figs) / len(figs) for k in LEVEL_KEYS
+           if k != "valid" and all(k in f for f in figs)}
+    if any("valid" in f for f in figs):
+        out["valid"] = min(f.get("valid", 0.0) for f in figs)
+    return out
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -54,15 +71,19 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
     levels = list(shown)
     with open(out / "points.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["server", "k", "alpha", "round", "level", *LEVEL_KEYS])
+        w.writerow(["server", "k", "alpha", "round", "level", *LEVEL_KEYS, "slot"])
         for m in measured:
             for c in levels:
                 fig = m.level(c)
                 if fig:
                     w.writerow([m.server, "" if m.k is None else m.k,
                                 "" if m.alpha is None else m.alpha, m.round, c,
-                                *(fig.get(k, "") for k in LEVEL_KEYS)])
+                                *(fig.get(k, "") for k in LEVEL_KEYS), m.slot])
     by = {(m.server, m.k, m.alpha, m.round): m for m in measured}
+    bases: dict[int, list[Measured]] = {}  # each round's baseline measurements
+    for m in measured:
+        if m.server == "baseline":
+            bases.setdefault(m.round, []).append(m)
     rounds = sorted({m.round for m in measured})
     multi = bool(exp.draft_lengths)
     points = list(dict.fromkeys((m.k, m.alpha) for m in measured if m.server == "spec"))
@@ -70,8 +91,9 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
     for k_, a in points:
         for c in levels:
             spec = {r: by[("spec", k_, a, r)].level(c) for r in rounds if ("spec", k_, a, r) in by}
-            base = {r: by[("baseline", None, None, r)].level(c) for r in rounds
-                    if ("baseline", None, None, r) in by}
+            base = {r: f for r in rounds if ("spec", k_, a, r) in by
+                    and (f := paired_base(bases.get(r, []), by[("spec", k_, a, r)], c,
+                                          exp.baseline_beside))}
             sync = {r: by[("baseline_sync", None, None, r)].level(c) for r in rounds
                     if ("baseline_sync", None, None, r) in by}
             st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
@@ -100,7 +122,8 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
                          m.get("tokens_per_step_med"), m.get("step_ms_med"), valid])
     # round 1's single-stream comparison, as the phase has always logged it
     s1 = by.get(("spec", *points[0], 1)) if points else None
-    b1 = by.get(("baseline", None, None, 1))
+    b1 = next((b for b in bases.get(1, []) if s1 is None or not exp.baseline_beside
+               or abs(b.slot - s1.slot) == 1), None)
     if s1 and b1:
         st1 = s1.cap.latest("single_stream_tpot_ms").get(None)
         bt1 = b1.cap.latest("single_stream_tpot_ms").get(None)

@@ -14,7 +14,7 @@ from k25exp.tracking.recorder import Capture
 from tests.conftest import compose_cfg
 
 
-def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None):
+def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None, slot=0):
     cap = Capture(rec if first else MemoryRecorder(), {"spec": "", "baseline": "baseline/",
                                                       "baseline_sync": "baseline_sync/"}[server]
                   if first else "")
@@ -24,7 +24,7 @@ def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None):
         if tau is not None:
             m["mean_acceptance_length"] = tau
         cap.log_metrics(m, step=step)
-    return Measured(server, alpha, rnd, cap, k=k)
+    return Measured(server, alpha, rnd, cap, k=k, slot=slot)
 
 
 @pytest.mark.parametrize("load,levels,steps", [
@@ -92,6 +92,40 @@ def test_draft_lengths_in_one_job_share_each_rounds_baseline(tmp_path):
         ("spec", "3", "1"), ("spec", "3", "2")]
     text = (tmp_path / "results.txt").read_text()
     assert "k = 3, 1" in text and "k1/a0.7" in text and "k3/a0.7" in text
+
+
+def test_baseline_beside_pairs_each_spec_server_with_its_neighbours(tmp_path):
+    """experiment.baseline_beside: B S3 B S1 B in a round, the machine slowing as it goes (the
+    baseline 10, 12, 14 ms); each spec server's speedup is against the mean of the baselines
+    just before and after it, worked out by hand. The order rules of the runner are checked
+    on their own."""
+    from k25exp.runners.spec_decode import rounds_order
+
+    assert rounds_order(["spec_k3", "spec_k1", "baseline"], 2, baseline_first=False, beside=True) == [
+        ["baseline", "spec_k3", "baseline", "spec_k1", "baseline"],
+        ["baseline", "spec_k1", "baseline", "spec_k3", "baseline"]]
+    cfg = compose_cfg("experiment=spec_decode", "experiment.concurrency=[1]",
+                      "experiment.draft_lengths=[1,3]", "experiment.alphas=[0.7]",
+                      "experiment.baseline_beside=true")
+    exp = to_typed(cfg, gpu_count=lambda: 0).experiment
+    rec = MemoryRecorder()
+    measured = [_measured("baseline", None, 1, rec, {1: 10.0}, first=True, slot=0),
+                _measured("spec", 0.7, 1, rec, {1: 5.5}, tau=2.5, first=True, k=3, slot=1),
+                _measured("baseline", None, 1, rec, {1: 12.0}, slot=2),
+                _measured("spec", 0.7, 1, rec, {1: 10.4}, tau=1.6, k=1, slot=3),
+                _measured("baseline", None, 1, rec, {1: 14.0}, slot=4)]
+    summarise(exp, measured, tmp_path, rec)
+    # k3: (10 + 12) / 2 = 11 → 11 / 5.5 = 2.0; k1: (12 + 14) / 2 = 13 → 13 / 10.4 = 1.25
+    assert rec.latest("k3/a0.7/base_tpot_ms_med") == pytest.approx({1: 11.0})
+    assert rec.latest("k3/a0.7/speedup_med") == pytest.approx({1: 2.0})
+    assert rec.latest("k1/a0.7/base_tpot_ms_med") == pytest.approx({1: 13.0})
+    assert rec.latest("k1/a0.7/speedup_med") == pytest.approx({1: 1.25})
+    rows = list(csv.DictReader(open(tmp_path / "points.csv")))
+    assert [(r["server"], r["slot"]) for r in rows] == [("baseline", "0"), ("spec", "1"),
+                                                       ("baseline", "2"), ("spec", "3"), ("baseline", "4")]
+    with pytest.raises(Exception, match="experiment.baseline_beside=true needs experiment.baseline=true"):
+        to_typed(compose_cfg("experiment=spec_decode", "experiment.baseline_beside=true",
+                             "experiment.baseline=false"), gpu_count=lambda: 0)
 
 
 @pytest.mark.parametrize("lengths,says", [

@@ -374,6 +374,12 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
     # which goes first (round 1's figures under the macro's names are its server's); empty:
     # num_speculative_tokens alone.
     draft_lengths: List[int] = field(default_factory=list)
+    # A baseline start before and after every speculative server in each round (B S3 B S1 B S5
+    # B): each speedup pairs the speculative server with the mean of the two baselines measured
+    # next to it. On a 2-core CPU the baseline moved 25 % between rounds of one job, and a
+    # round's last server ran up to 10 minutes after its first. Costs one baseline start per
+    # speculative server and round.
+    baseline_beside: bool = False
 
     def k_values(self) -> list[int]:
         """The draft lengths this job measures, num_speculative_tokens first."""
@@ -398,6 +404,9 @@ class SpecDecodeConfig(MacroConfig, SpeculativeSettings):
             self.acceptance_rpc_problems(
                 cfg, "experiment.acceptance=synthetic sets each α through /collective_rpc",
                 ", or sweep α one job each (-m 'experiment.alphas=[0.5],[0.9]')", problems)
+        if self.baseline_beside and not self.baseline:
+            problems.append("experiment.baseline_beside=true needs experiment.baseline=true (the "
+                            "baselines it places beside each speculative server)")
         if self.spec_repeats < 1:
             problems.append(f"experiment.spec_repeats={self.spec_repeats}: expected >= 1")
         if self.load in ("trace", "sessions"):  # its comparison is per concurrency or rate
