@@ -51,3 +51,32 @@ def test_two_draft_lengths_share_one_baseline(k25):
     # round 1's headline figures are the first k's (spec/), the other k's folder its own
     assert m["tpot_ms_p50"] == pytest.approx(float(spec[2]["tpot_ms_p50"]))
     assert (out / "rounds" / f"r1_spec_k1_a{ALPHA:g}" / "requests.jsonl").exists()
+
+
+def test_baseline_beside_starts_a_baseline_next_to_each_speculative_server(k25):
+    """experiment.baseline_beside: B S2 B S1 B, every server started afresh; each k's speedup
+    against the mean of the two baselines measured next to it, by hand from points.csv."""
+    r = k25("experiment=spec_decode", "spec=ngram", "debug=quick", "server.port=0",
+            "server.enforce_eager=true", "experiment.baseline_sync=false",
+            "experiment.concurrency=[1]", f"experiment.alphas=[{ALPHA}]",
+            "experiment.num_speculative_tokens=2", "experiment.draft_lengths=[1,2]",
+            "experiment.baseline_beside=true",
+            "experiment.input_tokens=16", "experiment.output_tokens=24", "experiment.requests=8",
+            timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (run,) = r.runs()
+    tags, m = run.data.tags, run.data.metrics
+    assert not orphans(groups={int(tags["server.pid"])}), "vLLM processes left after the job"
+    out = Path(tags["k25exp.output_dir"])
+    rows = list(csv.DictReader(open(out / "points.csv")))
+    assert [(x["server"], x["k"], x["slot"]) for x in rows] == [
+        ("baseline", "", "0"), ("spec", "2", "1"), ("baseline", "", "2"), ("spec", "1", "3"),
+        ("baseline", "", "4")]
+    b = [float(x["tpot_ms_p50"]) for x in rows if x["server"] == "baseline"]
+    spec = {int(x["k"]): float(x["tpot_ms_p50"]) for x in rows if x["server"] == "spec"}
+    for k, near in ((2, (b[0] + b[1]) / 2), (1, (b[1] + b[2]) / 2)):
+        assert m[f"k{k}/a{ALPHA:g}/base_tpot_ms_med"] == pytest.approx(near)
+        assert m[f"k{k}/a{ALPHA:g}/speedup_med"] == pytest.approx(near / spec[k])
+    # the later baselines' requests kept in their own folders (compare pools them)
+    for slot in (2, 4):
+        assert (out / "rounds" / f"r1s{slot}_baseline" / "requests.jsonl").exists()
