@@ -137,8 +137,8 @@ case $stage in
     # context as a sweep axis: the closed loop at each prompt length on one server start (the
     # jobs of one multirun share it: its settings do not change), the KV cache sized for
     # c = 16 at 32 k tokens (K25_KV_GIB=40: ~610 k tokens of the rank's MLA cache)
-    K25EXP_CAMPAIGN=$tag-kimi-context $PYTHON -m k25exp -m experiment=macro "${common[@]}" "${kimi[@]}" \
-      server.max_model_len=33024 experiment.load=closed \
+    K25EXP_CAMPAIGN=$tag-kimi-context "${limit[@]}" $PYTHON -m k25exp -m experiment=macro \
+      "${common[@]}" "${kimi[@]}" server.max_model_len=33024 experiment.load=closed \
       "experiment.concurrency=${K25_CONTEXT_LEVELS:-[1,4,16]}" \
       "experiment.input_tokens=${K25_CONTEXTS:-1024,8192,32768}" || true ;;
   kimi-context-prof|kimi-context-gemm)
@@ -146,7 +146,8 @@ case $stage in
     # report's context budget fits attention and KV reads over profiled (context, c) points;
     # then the campaign's GEMM phase (micro-benchmarks at c, whatever the context)
     phases=profile; [[ $stage == kimi-context-gemm ]] && phases=gemm
-    K25EXP_CAMPAIGN=$tag-kimi-context PHASES=$phases ./multirun.sh "${common[@]}" "${kimi[@]}" \
+    K25EXP_CAMPAIGN=$tag-kimi-context PHASES=$phases "${limit[@]}" ./multirun.sh \
+      "${common[@]}" "${kimi[@]}" \
       server.max_model_len=33024 \
       "profile:experiment.concurrency=${K25_CONTEXT_PROF_LEVELS:-1,16}" \
       "profile:experiment.input_tokens=${K25_CONTEXTS:-1024,8192,32768}" gemm:experiment.calls=50 \
