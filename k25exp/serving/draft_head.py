@@ -51,7 +51,7 @@ from typing import Any
 from k25exp.serving.staged import staged_folder
 
 # Bump when the generated files change for the same inputs (invalidates every cache entry).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: an unscaled YaRN rope where the target has none (unscaled_yarn)
 ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # vLLM: deepseek_eagle3.py
 # the target's MLA attention, copied as it is (vLLM's MLA backends need its dims)
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -72,6 +72,17 @@ def aux_layer_ids(num_layers: int) -> list[int]:
     return sorted({1, (num_layers + 1) // 2, num_layers})
 
 
+def unscaled_yarn(max_position: int) -> dict[str, Any]:
+    """A YaRN rope of factor 1, which rotates as no scaling does (equal interpolated and
+    extrapolated frequencies, mscale 1), for a target without rope scaling. Why not null:
+    vLLM 0.26's DeepseekV2Eagle3DecoderLayer reads any truthy config.rope_scaling as
+    deepseek_yarn and takes its "factor", and transformers 5 fills rope_scaling with the
+    standardised {rope_type: default, rope_theta} when the file has none: the head failed at
+    start on the H100 with "KeyError: 'factor'" (vLLM 0.32 no longer reads rope_scaling there)."""
+    return {"type": "yarn", "factor": 1.0, "original_max_position_embeddings": max_position,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
 def head_config(target: dict[str, Any]) -> dict[str, Any]:
     """config.json of the head for a target config.json (a DeepseekV3ForCausalLM's)."""
     return {
@@ -88,7 +99,8 @@ def head_config(target: dict[str, Any]) -> dict[str, Any]:
         "max_position_embeddings": target["max_position_embeddings"],
         "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
         "rope_theta": target.get("rope_theta", 10000.0),
-        "rope_scaling": target.get("rope_scaling"),
+        "rope_scaling": (target.get("rope_scaling")
+                         or unscaled_yarn(target["max_position_embeddings"])),
         "attention_bias": False,
         "tie_word_embeddings": False,
         "vocab_size": target["vocab_size"],

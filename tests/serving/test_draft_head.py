@@ -124,3 +124,47 @@ def test_spec_eagle3_builds_the_head_into_the_model_cache(tmp_path):
     assert Path(spec["model"]) == draft_head.eagle3_head(target, tmp_path / "cache")
     assert Path(spec["model"]).parent == tmp_path / "cache"
     assert spec["rejection_sample_method"] == "synthetic"
+
+
+@pytest.mark.vllm
+def test_the_heads_rope_passes_vllm_026s_eagle3_layer_and_rotates_as_no_scaling(tmp_path):
+    """vLLM 0.26's DeepseekV2Eagle3DecoderLayer takes any truthy config.rope_scaling as
+    deepseek_yarn and reads its "factor"; transformers 5 fills rope_scaling with
+    {rope_type: default, rope_theta} when the file has none, so a head written with
+    rope_scaling null died at start on the H100 ("KeyError: 'factor'"). The head of a target
+    without scaling now carries a YaRN of factor 1: read as that layer reads it, vLLM's own
+    get_rope builds it, and its cos/sin table is plain RoPE's, computed here by hand."""
+    import math
+
+    import torch
+    from transformers import AutoConfig
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.model_executor.layers.rotary_embedding.common import yarn_get_mscale
+
+    target = tiny_model.hf_config(rank_model(_model("model=kimi_k25_int4", "model.tp_rank_of=8")))
+    assert target.get("rope_scaling") is None
+    (tmp_path / "config.json").write_text(json.dumps(draft_head.head_config(target)))
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    # deepseek_eagle3.py (0.26): rope_params = rope_scaling.copy(); rope_type = "deepseek_yarn"
+    assert cfg.rope_scaling
+    params = dict(cfg.rope_scaling, rope_type="deepseek_yarn")
+    dim, positions = target["qk_rope_head_dim"], 512
+    params["original_max_position_embeddings"] = positions  # a short table; factor 1 keeps it
+    with set_current_vllm_config(VllmConfig()):  # vLLM's rotary layers are CustomOps
+        rope = get_rope(dim, max_position=positions, is_neox_style=False,
+                        rope_parameters=params, dtype=torch.float32)
+    theta = target["rope_theta"]
+    inv = [1.0 / theta ** (2 * i / dim) for i in range(dim // 2)]
+    by_hand = torch.tensor([[math.cos(t * f) for f in inv] + [math.sin(t * f) for f in inv]
+                            for t in range(positions)])
+    torch.testing.assert_close(rope.cos_sin_cache.float(), by_hand, atol=1e-4, rtol=0)
+    # DeepseekV2MLAAttention scales its softmax by yarn_get_mscale(factor, mscale_all_dim)²
+    assert yarn_get_mscale(params["factor"], float(params["mscale_all_dim"])) == 1.0
+
+
+def test_a_target_with_rope_scaling_keeps_its_own():
+    target = tiny_model.hf_config(_model())
+    scaled = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+              "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    assert draft_head.head_config({**target, "rope_scaling": scaled})["rope_scaling"] == scaled
