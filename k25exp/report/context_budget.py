@@ -71,6 +71,7 @@ class Point:
     own_slope: Optional[float]      # the level's own prefill_shared_us_per_token (not used)
     uncovered_how: str
     prefill_how: str
+    valid: Optional[float] = None   # the macro level's `valid` (0: flagged, its why in the run)
 
     @property
     def parts_err(self) -> Optional[float]:
@@ -115,10 +116,11 @@ def context_budget(c: Campaign, micro: Micro
         model = predict_levels(dataclasses.replace(inp, priced=priced))
         tok_s = macro.history("output_tok_s")
         decode_only = macro.history("decode_only_tpot_ms")
+        valid = macro.history("valid")
         for lv in model.levels:
             points.append(Point(s, ctx[lv.level], lv, tok_s.get(lv.level),
                                 decode_only.get(lv.level), slopes.get(lv.level, (None,))[0],
-                                *how[lv.level]))
+                                *how[lv.level], valid.get(lv.level)))
     src = {t[1] for t in tpots.values()}
     sec.tables += [_grid(points, "TPOT (ms): measured / predicted (error %)", _tpot_cell),
                    _grid(points, "output tok/s (measured)", lambda p: p.tok_s),
@@ -132,7 +134,8 @@ def context_budget(c: Campaign, micro: Micro
         sec.figures.append(Figure(M.TPOT_CTX_PRED_WORST, worst.level.error_pct, runs,
                                   f"at {_label(worst.shape)}, c = {worst.level.level}: predicted "
                                   f"{worst.level.predicted_ms:.3f} ms vs measured "
-                                  f"{worst.level.measured_ms:.3f} ms, of {len(done)} points"))
+                                  f"{worst.level.measured_ms:.3f} ms, of {len(done)} points"
+                                  + _invalid_note(done)))
         sec.plot = _plot(points)
     else:
         sec.figures.append(missing(M.TPOT_CTX_PRED_WORST, "no point had every part: " + "; ".join(
@@ -184,6 +187,16 @@ def _level_contexts(macro: RunView, shape: Shape) -> dict[int, float]:
     return {k: CM.context_of(n_in.get(k, shape[0]), n_out.get(k, shape[1])) for k in levels}
 
 
+def _invalid_note(points: list[Point]) -> str:
+    """'; N flagged invalid by their macro level: …' (the engine's TPOT they are judged on
+    still stands; the flag says the client's view of the level is not to be trusted), or ''."""
+    bad = [p for p in points if p.valid == 0]
+    if not bad:
+        return ""
+    return (f"; {len(bad)} flagged invalid by their macro level (the run's why column): "
+            + ", ".join(f"{_label(p.shape)} c = {p.level.level}" for p in bad))
+
+
 def _label(shape: Shape) -> str:
     return f"{shape[0]} / {shape[1]} tokens"
 
@@ -192,7 +205,7 @@ def _tpot_cell(p: Point) -> str:
     lv = p.level
     pred = "missing" if lv.predicted_ms is None else f"{lv.predicted_ms:.3f}"
     err = "" if lv.error_pct is None else f" ({lv.error_pct:+.1f} %)"
-    return f"{lv.measured_ms:.3f} / {pred}{err}"
+    return f"{lv.measured_ms:.3f} / {pred}{err}" + (" invalid" if p.valid == 0 else "")
 
 
 def _grid(points: list[Point], title: str, cell) -> Table:
@@ -211,6 +224,7 @@ def _table(points: list[Point], tpot_src: str) -> Table:
              else p.level.predicted_ms - p.level.prefill_ms, p.parts_err,
              p.level.comm_ms, p.level.gemm_ms, p.level.moe_ms, p.level.uncovered_ms,
              p.uncovered_how, p.level.prefill_ms, p.prefill_how, p.own_slope,
+             None if p.valid is None else ("yes" if p.valid else "no"),
              "; ".join(p.level.notes)]
             for p in sorted(points, key=lambda p: (p.shape, p.level.level))]
     return Table("Every (context, concurrency) point: predicted vs measured TPOT (ms)",
@@ -219,7 +233,8 @@ def _table(points: list[Point], tpot_src: str) -> Table:
                   "decode-only TPOT (macro fit)", "parts (predicted − prefills)",
                   "parts vs decode-only %", "collectives", "GEMMs", "MoE", "uncovered",
                   "uncovered: how", "prefills shared", "prefills: priced from",
-                  "the level's own prefill µs/token (not used)", "note"], rows,
+                  "the level's own prefill µs/token (not used)", "valid (macro level)", "note"],
+                 rows,
                  "predicted = collectives + GEMMs + MoE layers at c (micro-benchmarks) + the "
                  "uncovered parts at (c, context) (k25exp.report.context_model: a fit over every "
                  "profiled point, or interpolated in c where the profiles hold one context) + "
@@ -227,7 +242,9 @@ def _table(points: list[Point], tpot_src: str) -> Table:
                  "token from the other levels of its shape, else the profiles' prefill steps); "
                  "context per step = mean prompt + mean output / 2; error % against the "
                  "engine's TPOT, parts vs decode-only % = the prediction without the prefills "
-                 "against the intercept of the level's own prefill fit")
+                 "against the intercept of the level's own prefill fit; valid: the macro "
+                 "level's flag (client lag, delivery stall, errors: its results table says "
+                 "which), 'invalid' in the grid")
 
 
 def _fit_table(unc: CM.Uncovered) -> Table:

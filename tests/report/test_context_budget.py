@@ -163,3 +163,25 @@ def test_the_report_logs_each_shape_and_keeps_the_single_shape_sections_on_the_n
     # the single-shape sections read the newest macro run (1536) and its shape's profiles:
     # none here, so the reconciliation falls back to the others' (and says so)
     assert "every shape the campaign sent: the section 'TPOT across context and concurrency'" in md
+
+
+def test_a_point_whose_macro_level_was_flagged_says_so():
+    """The macro flags a level invalid (client lag, a delivery stall): its point keeps its
+    prediction against the engine's TPOT and says 'invalid' in the grid, 'no' in the table,
+    and the worst-point figure names it."""
+    c = campaign()
+    m = next(r for r in c.runs if r.phase == "macro" and r.params["experiment.input_tokens"] == "1536")
+    m.steps["valid"] = {1: 1.0, 4: 1.0, 8: 0.0}
+    sec, out = points(c)
+    grid = {r[0]: r for r in sec.tables[0].rows}
+    assert grid["1536 / 64 tokens"][3].endswith(" invalid")
+    assert not grid["1536 / 64 tokens"][1].endswith("invalid")
+    assert not grid["128 / 64 tokens"][1].endswith("invalid")  # no flag logged: nothing said
+    table = sec.tables[2]
+    col = table.columns.index("valid (macro level)")
+    by = {(r[0], r[2]): r[col] for r in table.rows}
+    assert by[("1536 / 64 tokens", 8)] == "no" and by[("1536 / 64 tokens", 4)] == "yes"
+    assert by[("128 / 64 tokens", 8)] is None
+    assert sec.figures[0].note.endswith(
+        "1 flagged invalid by their macro level (the run's why column): 1536 / 64 tokens c = 8")
+    assert out["ctx.tpot_pred_ms.in1536_out64"][8] == pytest.approx(6.1256)  # still predicted
