@@ -78,6 +78,41 @@ def test_level_figures_flag_the_stall_and_keep_the_clean_tpot():
                                   "delivery_stall_ms_max": 0.0, "delivery_stall_ms_total": 0.0}
 
 
+def _sent(sent_s, chunk_abs, prompt_tokens=1000):
+    """A record sent at sent_s whose chunks arrived at the absolute times chunk_abs (s)."""
+    n = len(chunk_abs)
+    return finish({"status": 200, "done": True, "sent_s": sent_s,
+                   "chunk_s": [t - sent_s for t in chunk_abs], "chunk_tokens": [1] * n,
+                   "usage": {"completion_tokens": n, "prompt_tokens": prompt_tokens}})
+
+
+def test_steps_that_share_prefills_are_not_the_step_bursts_are_judged_against():
+    """Long prompts: a decode step that carries a prefill chunk takes 500 ms, one that carries
+    none 5 ms. A and B decode across C's and D's prefills (chunks every 5 ms, one 500 ms gap:
+    TPOT 535 / 8 = 66.875 ms); C and D decode after them, 5 ms a token. Against the engine's
+    mean TPOT (62.5 ms) a 5 ms gap is under a tenth of a step: every request read as a
+    burst, i.e. a stall. By hand, decode_prefills' line through (250 shared tokens a step,
+    66.875 ms) for A, B (C's and D's 1,000-token prompts in their 8 steps) and (0, 5 ms) for
+    C, D has its intercept, the decode-only TPOT, at 5 ms: the reference, and no stall."""
+    a = [0.100, 0.105, 0.110, 0.115, 0.615, 0.620, 0.625, 0.630, 0.635]
+    c = [0.615 + 0.005 * i for i in range(9)]
+    recs = [_sent(0.0, a), _sent(0.0, a), _sent(0.2, c), _sent(0.2, c)]
+    f = level_figures(recs, wall_s=1.0, max_client_lag_ms=1e9, step_ref_s=0.0625)
+    assert f["decode_only_tpot_ms"] == pytest.approx(5.0)
+    assert f["prefill_shared_us_per_token"] == pytest.approx(61.875 / 250 * 1e3)
+    assert f["stall_ref_step_ms"] == pytest.approx(5.0)
+    assert f["delivery_stalls"] == 0 and f["valid"] == 1.0
+    # a real hold-back is still one: D's last six tokens held 100 ms and released within
+    # 0.5 ms. D's TPOT (0.5353 + 0.2 − 0.615) / 8 = 15.0375 ms moves the intercept to the
+    # mean of C's and D's, 10.01875 ms: a burst is under 1.0 ms, a silence over 20.04 ms
+    d = [0.615, 0.620, 0.625, 0.725, 0.7251, 0.7252, 0.7253, 0.7303, 0.7353]
+    recs = [_sent(0.0, a), _sent(0.0, a), _sent(0.2, c), _sent(0.2, d)]
+    f = level_figures(recs, wall_s=1.0, max_client_lag_ms=1e9, step_ref_s=0.0625)
+    assert f["stall_ref_step_ms"] == pytest.approx((5.0 + 15.0375) / 2)
+    assert recs[3]["stalls"] == [[3, pytest.approx(100.0), 4]]
+    assert [r["stalls"] for r in recs[:3]] == [[], [], []] and f["valid"] == 0.0
+
+
 def _level(stub, prompt: str, n_requests: int, max_tokens: int):
     """The level's records (by request), figures, and each request's chunk arrivals beside the
     stub's own write times (perf_counter seconds, both)."""
