@@ -10,7 +10,7 @@ without async scheduling for a drafter that turns it off, vLLM's ngram; the base
 that keeps it, ngram_gpu, eagle): that step already holds whatever an ordinary step of c
 requests costs at c (GEMM shapes, attention, collectives, the scheduling mode), measured, not
 modelled. What speculation adds is fitted by least squares over the drafter's measured steps
-S_meas = spec TPOT × tokens per step (vLLM's counters), its slopes bounded at 0 (fit_step):
+S_meas = spec TPOT × tokens per step (vLLM's counters):
 
     S(c, k, α) − R(c) = g_c + b c k + h c τ + q ΔP       ΔP = (c − 1) p (τ − 1) / (n − 1)
 
@@ -55,7 +55,6 @@ from statistics import median
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy.optimize import lsq_linear
 
 from k25exp.serving.spec_acceptance import expected_tokens
 
@@ -135,12 +134,7 @@ def fit_step(points: Sequence[Point], per_level: bool = True) -> Optional[StepFi
     """S − R by least squares over measured steps (ΔP and c τ at each point's measured τ: these
     are measurements), per level or global; a slope the points cannot tell apart from the other
     columns is 0, the last first; None with fewer points than kept columns + 1 (one degree of
-    freedom left). The slopes (b, h, q; global: b, d, q) are costs, bounded at 0 (bounded-
-    variable least squares), the intercepts free: a token verified, emitted or prefilled never
-    makes a step shorter, and unbounded they traded against each other. On a 2-core AMX CPU
-    (vLLM 0.32, n-gram k 1/3/5) they came out h = 0.47 ms per token emitted and q = −0.21 ms per
-    prefill token: a τ slope of 0.47 ms at c = 1, where the steps showed none, so k = 5,
-    α = 0.9, c = 1 was projected 12.8 % low; bounded, h = 0.055, q = 0."""
+    freedom left)."""
     if not points:
         return None
     levels = tuple(sorted({p.c for p in points})) if per_level else ()
@@ -152,9 +146,7 @@ def fit_step(points: Sequence[Point], per_level: bool = True) -> Optional[StepFi
     if len(points) < len(cols) + 1:
         return None
     coef = np.zeros(X.shape[1])
-    n_free = len(levels) if levels else 1   # the intercepts (g_c, or a) come first
-    lower = np.array([-np.inf if i < n_free else 0.0 for i in cols])
-    coef[cols] = lsq_linear(X[:, cols], y, bounds=(lower, np.inf), method="bvls").x
+    coef[cols], *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
     return StepFit(levels, tuple(float(x) for x in coef))
 
 

@@ -169,26 +169,3 @@ def test_break_even_by_hand():
     assert break_even(1, 1, 2.0, 2.2, fit, P_TOK, N_OUT, phi=0.5) == pytest.approx(1.0, abs=1e-9)
     # the per-level form prices the same: g1 = 0.6 = A + D
     assert break_even(1, 1, 2.0, 2.2, fit_step(grid()), P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
-
-
-def test_the_slopes_are_costs_never_below_zero():
-    """Steps with no cost per token emitted or prefilled (S = R + A + D c + B c k), but the
-    c = 4 steps at α = 0.9 measured 0.4 ms shorter (a step that shrinks as more tokens are
-    accepted): unbounded least squares reads a negative h or q from them. Bounded at 0 both
-    stay 0 and the intercept at c = 4 takes the mean of the shift, by hand: g4 = A + 4 D −
-    0.4 / 2 = 0.7; b = B (the shift is the same at k = 1 and 3); g1 = A + D = 0.6."""
-    eps = 0.4
-
-    def measured(k, a, c):
-        tau = expected_tokens(a, k)
-        s = ref(c) + A + D * c + B * c * k - (eps if (c, a) == (4, 0.9) else 0.0)
-        return point(k, a, c, spec=s / tau)
-
-    pts = [measured(k, a, c) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
-    fit = fit_step(pts)
-    assert fit.named() == pytest.approx({"g1": 0.6, "g4": 0.7, "b": B, "h": 0.0, "q": 0.0}, abs=1e-9)
-    # k = 3, α = 0.5, c = 1 held out: the other three c = 1 steps are exact and the four c = 4
-    # ones shifted as above, so the same fit projects it: R(1) + 0.6 + B × 3 = 3.25 + 0.6 + 0.6
-    pr = next(x for x in project(pts) if (x.point.k, x.point.alpha, x.point.c) == (3, 0.5, 1))
-    assert pr.fit == pytest.approx({"g1": 0.6, "g4": 0.7, "b": B, "h": 0.0, "q": 0.0}, abs=1e-9)
-    assert pr.step_ms == pytest.approx(4.45) and pr.error_pct == pytest.approx(0.0, abs=1e-7)
