@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from k25exp.load import stalls
 from k25exp.load.tail_client import agreement, client_tail
-from k25exp.load.level_figures import decode_prefills
+from k25exp.load.level_figures import decode_prefills, stall_reference
 from k25exp.traces import read_trace
 from k25exp.traces.tail_causes import tail
 from k25exp.traces.tail_outputs import causes_table, step_categories, write_tail
@@ -65,7 +65,9 @@ def tail_of(traces: Sequence[Path], records: list[dict], clock: ClientClock,
     gaps above it (an SLO) instead of the p99; breakdown: the folder with the breakdown's
     steps_<rank>.csv (default out/breakdown, where the profile runner writes it)."""
     try:
-        stalls.mark(records)
+        # the macro's reference (level_figures): a step without prefills where steps shared them
+        ok = [r for r in records if r.get("ok")]
+        stalls.mark(records, step_s=stall_reference(records, None, decode_prefills(ok)))
         trace = read_trace(lowest_rank(traces))
         steps, offset = engine_steps(trace), trace.clock_offset_ns
         del trace  # its events: only the steps are needed from here
