@@ -2,7 +2,7 @@
 
     k25exp experiment=nccl_burst [key=value ...]     # same as python -m k25exp ...
     k25exp -m experiment=nccl_burst experiment.tokens=1,8,64
-    k25exp ui [--port 5000] [--workers 1] [--links-only]  # MLflow UI on the default store, direct links
+    k25exp ui [--port 5000|0] [--workers 1] [--links-only]  # MLflow UI on the default store, direct links
     k25exp sync PATH... [--uri URI]                  # upload offline runs (tracking=offline)
     k25exp recover [--uri URI] [--dry-run]           # end runs of jobs killed hard, KILLED
     k25exp analyze TRACE... [--json] [--out DIR]     # decode-step breakdown of profiler traces

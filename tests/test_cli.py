@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,15 +11,9 @@ import httpx
 import psutil
 import pytest
 
-from k25exp.poll import wait_until
 from tests.compare.browser import Chromium, chromium_path
 from tests.conftest import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.mlflow_ui import running_ui
 
 
 @pytest.mark.e2e
@@ -37,29 +30,19 @@ def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path
     run = MlflowStore(uri).start_run("k25exp/macro", run_name="macro-demo", tags={"k25exp.experiment": "macro"})
     run.log_metrics({k: 10.0 + i for i, k in enumerate(MacroConfig.headline)} | {"aaa_not_headline": 1.0})
     run.end("FINISHED")
-    port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "k25exp", "ui", "--port", str(port), "--uri", uri],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        def up() -> bool:
-            assert p.poll() is None, "MLflow UI exited"
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-
-        wait_until(up, 90, 0.5, "MLflow UI answering /health", retry_on=(httpx.HTTPError,))
+    with running_ui(uri) as ui:
         # no MLflow job runner (its Huey consumers would stay busy beside any measurement), and
         # one UI worker: `mlflow ui` and the one uvicorn process serving (MLflow's default of 4
         # workers adds a supervisor and its 4 worker processes)
-        procs = [" ".join(c.cmdline()) for c in psutil.Process(p.pid).children(recursive=True)]
+        procs = [" ".join(c.cmdline()) for c in psutil.Process(ui.proc.pid).children(recursive=True)]
         tree = " | ".join(procs)
         assert "mlflow ui" in tree and "_job_runner" not in tree and "huey" not in tree, tree[:2000]
         assert len(procs) == 2 and "--workers 1" in procs[-1], tree[:2000]
-        r = httpx.get(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=10", timeout=10)
+        r = httpx.get(f"http://127.0.0.1:{ui.port}/api/2.0/mlflow/experiments/search?max_results=10", timeout=10)
         assert r.status_code == 200 and "experiments" in r.json()
-        printed = ""
-        while "k25exp/macro" not in printed:
-            printed += p.stdout.readline()
-        link = next(w for w in printed.split() if "viewStateShareKey=k25exp-headline" in w)
+        # the links were printed before the server started, with the port it serves on
+        link = next(w for w in ui.printed.split() if "viewStateShareKey=k25exp-headline" in w)
+        assert link.startswith(f"http://127.0.0.1:{ui.port}/"), link
         if chromium_path() is None:
             return  # the browser half needs Chromium (.ci/run installs it)
         # the figures summarised per level come last (their sweep is in a tag column first)
@@ -71,9 +54,36 @@ def test_ui_serves_the_store_and_opens_runs_with_their_headline_columns(tmp_path
         at = [left[k] for k in head]
         assert -1 not in at and at == sorted(at), (left, text[:1500])
         assert left["aaa_not_head"] == -1 and "10" in text
-    finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=30)
+
+
+@pytest.mark.e2e
+def test_ui_on_a_taken_port_says_so_and_starts_nothing(tmp_path):
+    """A port someone listens on: `k25exp ui` names the port and its owner and exits 2 before
+    any server starts (`mlflow ui` alone exits 0 there, its server's bind error in its log)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "k25exp", "ui", "--port", str(port),
+                            "--uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert f"port {port} on 127.0.0.1 is in use (pid {os.getpid()} " in r.stderr, r.stderr
+    assert "--port" in r.stderr and "mlflow ui" not in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.e2e
+def test_ui_whose_server_stops_on_its_own_fails(tmp_path):
+    """The UI's server ends while nobody stopped `k25exp ui` (here: its uvicorn process alone
+    is terminated): `k25exp ui` says so and exits non-zero, where `mlflow ui` exits 0."""
+    with running_ui(f"sqlite:///{tmp_path}/mlflow.db") as ui:
+        server = [c for c in psutil.Process(ui.proc.pid).children(recursive=True)
+                  if "uvicorn" in " ".join(c.cmdline())]
+        assert len(server) == 1, [c.cmdline() for c in server]
+        server[0].terminate()
+        rc = ui.proc.wait(timeout=60)
+        ui.reader.join(timeout=5)
+    assert rc != 0 and "the MLflow UI stopped on its own" in ui.printed, (rc, ui.printed[-2000:])
 
 
 def test_no_experiment_is_a_clear_error(k25):

@@ -11,7 +11,7 @@ def main(args: list[str]) -> int:
     import subprocess
 
     p = argparse.ArgumentParser(prog="k25exp ui", description="Open the MLflow UI on k25exp's store.")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=int, default=5000, help="port to serve on (0: a free one)")
     p.add_argument("--host", default="127.0.0.1")
     # One viewer on a box that may be measuring: 1 worker answered the UI as well here and
     # took 2 processes, 7 s of CPU and 0.5 GiB instead of MLflow's 4 (7 processes, 16-20 s, 1.3 GiB)
@@ -23,9 +23,21 @@ def main(args: list[str]) -> int:
                         "ending them KILLED first, as `k25exp recover` does")
     a = p.parse_args(args)
     from k25exp.config.store import store_uri
+    from k25exp.serving.ports import free_port
     from k25exp.tracking.ui_links import ui_links
 
     uri = a.uri or store_uri()
+    if a.port < 0 or a.port > 65535:
+        print(f"k25exp ui: --port {a.port}: expected 0 (a free one) to 65535", file=sys.stderr)
+        return 2
+    # `mlflow ui` exits 0 even when its server could not bind (MLflow 3.17 drops the server's
+    # exit status): a taken port is found and named here, before anything starts (--links-only
+    # may well point at a UI already serving there)
+    port = a.port or free_port(a.host)
+    if not a.links_only and (taken := _taken(a.host, port)):
+        print(f"k25exp ui: port {port} on {a.host} is in use{taken}; pass --port with a free one "
+              "(--port 0 picks one)", file=sys.stderr)
+        return 2
     # A job killed hard left its run RUNNING, and a job never ends other jobs' runs: end them
     # here, before anyone reads the table, so a dead run shows KILLED with why (not RUNNING)
     if not a.no_recover:
@@ -33,19 +45,49 @@ def main(args: list[str]) -> int:
     # MLflow 3 opens experiments in its GenAI view; these links open the runs table instead, in
     # k25exp's saved views (brought up to date first: k25exp.tracking.ui_view)
     try:
-        print("\n".join(ui_links(uri, f"http://{a.host}:{a.port}", write_views=True)), flush=True)
+        print("\n".join(ui_links(uri, f"http://{a.host}:{port}", write_views=True)), flush=True)
     except Exception as e:  # the links are a convenience: the UI still starts
         print(f"k25exp ui: no links ({type(e).__name__}: {e})", file=sys.stderr)
     if a.links_only:
         return 0
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-            "--host", a.host, "--port", str(a.port), "--workers", str(a.workers)]
+            "--host", a.host, "--port", str(port), "--workers", str(a.workers)]
     # Without MLflow's job runner (GenAI jobs; not needed to view runs): it starts 8 more
     # processes, 15 instead of 7, that took 17 s of CPU more by 5 s after start on a 2-core box
     # and stay in the background, on a machine that may be measuring. The user's setting wins.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
     print("k25exp:", " ".join(argv), flush=True)
-    return subprocess.call(argv, env=env)
+    server = subprocess.Popen(argv, env=env)
+    try:
+        rc = server.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the server too: let it shut down cleanly
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        return 130
+    # Nobody stopped us, so the server ended on its own: a failure, whatever mlflow's status
+    # (it is 0 even when the server could not start; its log above says why)
+    print(f"k25exp ui: the MLflow UI stopped on its own (mlflow ui exit status {rc}); "
+          "its log above says why", file=sys.stderr)
+    return rc or 1
+
+
+def _taken(host: str, port: int) -> str:
+    """'' if `host:port` can be bound the way the UI's server binds it (SO_REUSEADDR, as
+    uvicorn does); else ' (by pid N (cmdline))' where the owner is visible, or ' ()'."""
+    import socket
+
+    from k25exp.serving.ports import port_owner
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return ""
+        except OSError as e:
+            owner = port_owner(port)
+            return f" ({owner})" if owner else f" ({e.strerror})"
 
 
 def _recover(uri: str) -> None:

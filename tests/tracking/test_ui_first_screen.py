@@ -11,30 +11,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from k25exp.poll import wait_until
 from k25exp.tracking import ui_view
 from tests.compare.browser import Chromium, chromium_path
-from tests.conftest import ROOT
+from tests.mlflow_ui import running_ui
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.skipif(
     chromium_path() is None, reason="needs Chromium (Debian: apt-get install -y chromium) to load MLflow's UI")]
 
 WIDTH, HEIGHT = 1600, 1000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,22 +34,10 @@ def ui(campaign_full, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
     shutil.copy(campaign_full.uri[len("sqlite:///"):], tmp / "mlflow.db")
     uri = f"sqlite:///{tmp}/mlflow.db"
-    port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "k25exp", "ui", "--port", str(port), "--uri", uri],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        printed = ""
-        while "latest campaign" not in printed or "sweeps" not in printed:
-            line = p.stdout.readline()
-            assert line or p.poll() is None, printed
-            printed += line
-
-        def up() -> bool:
-            assert p.poll() is None, "MLflow UI exited"
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-
-        wait_until(up, 90, 0.5, "MLflow UI answering /health", retry_on=(httpx.HTTPError,))
+    with running_ui(uri) as ui:
+        # the links are printed before the server starts
+        printed = ui.printed
+        assert "latest campaign" in printed and "sweeps" in printed, printed
         links = {}
         for line in printed.splitlines():
             parts = line.split()
@@ -72,9 +48,6 @@ def ui(campaign_full, tmp_path_factory):
         for r in campaign_full.runs:
             runs.setdefault(r.data.tags.get("k25exp.experiment"), []).append(r)
         yield links, printed, c, runs
-    finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
