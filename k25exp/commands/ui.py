@@ -23,7 +23,7 @@ def main(args: list[str]) -> int:
                         "ending them KILLED first, as `k25exp recover` does")
     a = p.parse_args(args)
     from k25exp.config.store import store_uri
-    from k25exp.serving.ports import free_port
+    from k25exp.serving.ports import free_port, taken
     from k25exp.tracking.ui_links import ui_links
 
     uri = a.uri or store_uri()
@@ -34,8 +34,8 @@ def main(args: list[str]) -> int:
     # exit status): a taken port is found and named here, before anything starts (--links-only
     # may well point at a UI already serving there)
     port = a.port or free_port(a.host)
-    if not a.links_only and (taken := _taken(a.host, port)):
-        print(f"k25exp ui: port {port} on {a.host} is in use{taken}; pass --port with a free one "
+    if not a.links_only and (why := taken(a.host, port)):
+        print(f"k25exp ui: port {port} on {a.host} is in use ({why}); pass --port with a free one "
               "(--port 0 picks one)", file=sys.stderr)
         return 2
     # A job killed hard left its run RUNNING, and a job never ends other jobs' runs: end them
@@ -71,23 +71,6 @@ def main(args: list[str]) -> int:
     print(f"k25exp ui: the MLflow UI stopped on its own (mlflow ui exit status {rc}); "
           "its log above says why", file=sys.stderr)
     return rc or 1
-
-
-def _taken(host: str, port: int) -> str:
-    """'' if `host:port` can be bound the way the UI's server binds it (SO_REUSEADDR, as
-    uvicorn does); else ' (by pid N (cmdline))' where the owner is visible, or ' ()'."""
-    import socket
-
-    from k25exp.serving.ports import port_owner
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return ""
-        except OSError as e:
-            owner = port_owner(port)
-            return f" ({owner})" if owner else f" ({e.strerror})"
 
 
 def _recover(uri: str) -> None:
