@@ -3,7 +3,8 @@
 Phases, all with prompts of exactly `input_tokens` tokens (the served tokenizer's count),
 `output_tokens` generated with ignore_eos, greedy, a fixed seed (or each request's own
 lengths, drawn from experiment.input_len / output_len: k25exp.load.workload):
-  1. warm-up: `warmup` requests one at a time, recorded as phase "warmup", never in figures;
+  1. warm-up: `warmup` requests one at a time, recorded as phase "warmup", never in figures
+     (and, with `level_warmup`, one round of each closed-loop level just before it);
   2. single stream: `single_stream_requests` one at a time → single_stream_* figures
      (single_stream_valid = 0 when the client lagged, as for a level);
   3. sweep: for each concurrency C a closed loop of C workers → figures at step C (open
@@ -189,9 +190,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
                     exp, conn, client, prompt, jsonl, progress, time.perf_counter(),
                     client_kw)) as ph:
                 # every record's times (sent_s, scheduled_s) count from ph.t0
-                if exp.warmup:
-                    ph.write(await ph.run("warmup", 1, 1, exp.warmup, None, WARMUP_PROMPTS))
-                    _check_alive(conn, "warm-up")
+                await _warm_up(ph, 1, exp.warmup, WARMUP_PROMPTS)
                 if exp.single_stream_requests:
                     summary.update(await _single_stream(ph, rec, cache))
                 for c in exp.sweep_levels():
@@ -206,6 +205,31 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
     rec.set_tags({"prefix_cache": _prefix_cache_tag(exp, cache)})
     finish(out, exp, rows, measured, summary, rec, jsonl)
     return summary
+
+
+async def _warm_up(ph: Phases, c: int, n: int, first: int) -> None:
+    """n requests with c in flight, from prompt `first` on, as phase "warmup" (never in a
+    figure); each record's prompt_index says which prompt it sent."""
+    if not n:
+        return
+    res = await ph.run("warmup", c, c, n, None, first)
+    for x in res["records"]:
+        x["prompt_index"] = first + x["i"]
+    ph.write(res)
+    _check_alive(ph.conn, "warm-up")
+
+
+def level_warmup_prompts(exp: MacroConfig) -> dict[int, int]:
+    """Each closed-loop level's first warm-up prompt (experiment.level_warmup: one round of
+    the level before it is measured), every level its own prompts after the job's warm-up's:
+    a level's warm-up never finds another's prompts in the prefix cache. {} without it."""
+    if not exp.level_warmup or exp.load != "closed":
+        return {}
+    out, first = {}, WARMUP_PROMPTS + exp.warmup
+    for c in exp.sweep_levels():
+        out[int(c)] = first
+        first += int(c)
+    return out
 
 
 def _prompts(cfg: K25Config, conn: Connection, work: Workload):
@@ -228,7 +252,8 @@ def _prompts(cfg: K25Config, conn: Connection, work: Workload):
         by_count = trace is None and sessions is None  # the sweep's own prompts, by request index
         sweep = [exp.requests_for(c) * exp.repeats for c in exp.sweep_levels()] if by_count else []
         prompt.many(range(max([exp.single_stream_requests] + sweep)))
-        prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup))
+        level_warm = sum(level_warmup_prompts(exp))  # the levels' c's: a round of each
+        prompt.many(range(WARMUP_PROMPTS, WARMUP_PROMPTS + exp.warmup + level_warm))
     return prompt, trace, sessions, tok_path
 
 
@@ -272,6 +297,8 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     the level completed (`measured_before`: the levels measured before this one, for its
     message)."""
     exp, conn, http = ph.exp, ph.conn, ph.client.http
+    if (first := level_warmup_prompts(exp).get(int(c))) is not None:
+        await _warm_up(ph, int(c), int(c), first)  # before the reset: it never warms the cache
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
     before = await admin.scrape(http, conn.model)

@@ -27,7 +27,9 @@ is still up (spec_repeats = 1).
 Artifacts: spec/, baseline/, baseline_sync/ (round 1's macro files), rounds/ (the others',
 r<round>[s<slot>]_<server>[_a<α>], the server spec_k<k> with draft_lengths, s<slot> for a baseline
 beside a later server), points.csv (one row per
-server, k, α, round and level), results.txt/.csv (the points).
+server, k, α, round and level), results.txt/.csv (the points). A job stopped part-way (Ctrl-C,
+a GPU stage's time limit, a server that died) writes them for what it measured before it ends,
+the measurement it was in up to its last finished level.
 """
 
 from __future__ import annotations
@@ -121,33 +123,44 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     summary: dict[str, float] = {}
     last = (len(plan) - 1, len(plan[-1]) - 1)
     headline = {spec_server_name(ks[0], multi), "baseline", "baseline_sync"}  # round 1's macro names
-    for r, order in enumerate(plan):
-        for slot, name in enumerate(order):
-            srv_cfg = replace(cfg, server=named[name])
-            kind = "spec" if name in k_of else name
-            again = name in order[:slot]  # a baseline beside a later server: its own folder
-            for a in (alphas if kind == "spec" else [None]):
-                first = r == 0 and (a is None or a == alphas[0]) and name in headline and not again
-                cap = Capture(rec if first else MemoryRecorder(), PREFIX[kind] if first else "")
-                folder = out / kind if first else out / "rounds" / (
-                    f"r{r + 1}{f's{slot}' if again else ''}_{name}" + ("" if a is None else f"_a{a:g}"))
-                conn = None
-                if a is not None:  # the server up (started or reused), then α in its workers
-                    conn = connect_server(srv_cfg)
-                    got = set_in_server(conn.base_url, unconditional_rates(a, k_of[name]))
-                    rec.set_tags({"spec.sampler": got[0].get("sampler", "?")})
-                log.info("spec_decode: round %d, %s server%s", r + 1, name,
-                         "" if a is None else f", α = {a:g}")
-                res = macro.run(srv_cfg, Path(folder), cap)
-                if conn is not None and conn.started:  # started here, before the macro reused it
-                    started = {"server_starts": 1.0, "server_start_s": conn.start_s}
-                    cap.log_metrics(started)
-                    res.update(started)
-                if first:
-                    summary.update({PREFIX[kind] + k: v for k, v in res.items()})
-                measured.append(Measured(kind, a, r + 1, cap, k=k_of.get(name), slot=slot))
-            if (r, slot) != last and (exp.spec_repeats > 1 or exp.baseline_beside):
-                _stop(srv_cfg, model_path)  # the next time it runs, it starts afresh
+    try:
+        for r, order in enumerate(plan):
+            for slot, name in enumerate(order):
+                srv_cfg = replace(cfg, server=named[name])
+                kind = "spec" if name in k_of else name
+                again = name in order[:slot]  # a baseline beside a later server: its own folder
+                for a in (alphas if kind == "spec" else [None]):
+                    first = r == 0 and (a is None or a == alphas[0]) and name in headline and not again
+                    cap = Capture(rec if first else MemoryRecorder(), PREFIX[kind] if first else "")
+                    folder = out / kind if first else out / "rounds" / (
+                        f"r{r + 1}{f's{slot}' if again else ''}_{name}" + ("" if a is None else f"_a{a:g}"))
+                    conn = None
+                    if a is not None:  # the server up (started or reused), then α in its workers
+                        conn = connect_server(srv_cfg)
+                        got = set_in_server(conn.base_url, unconditional_rates(a, k_of[name]))
+                        rec.set_tags({"spec.sampler": got[0].get("sampler", "?")})
+                    log.info("spec_decode: round %d, %s server%s", r + 1, name,
+                             "" if a is None else f", α = {a:g}")
+                    # listed before it runs: a job stopped inside it keeps its finished levels
+                    measured.append(Measured(kind, a, r + 1, cap, k=k_of.get(name), slot=slot))
+                    res = macro.run(srv_cfg, Path(folder), cap)
+                    if conn is not None and conn.started:  # started here, before the macro reused it
+                        started = {"server_starts": 1.0, "server_start_s": conn.start_s}
+                        cap.log_metrics(started)
+                        res.update(started)
+                    if first:
+                        summary.update({PREFIX[kind] + k: v for k, v in res.items()})
+                if (r, slot) != last and (exp.spec_repeats > 1 or exp.baseline_beside):
+                    _stop(srv_cfg, model_path)  # the next time it runs, it starts afresh
+    except BaseException:  # a stop (SIGINT, a stage's time limit) or a failure
+        if measured:  # every point measured so far, paired where its baseline was measured
+            log.warning("spec_decode stopped during measurement %d of the plan: the points "
+                        "measured so far are in points.csv and results.txt", len(measured))
+            try:
+                summarise(exp, measured, out, rec)
+            except Exception:  # never hides why the job stopped
+                log.exception("spec_decode: the points measured so far could not be summarised")
+        raise
     summary.update(summarise(exp, measured, out, rec))
     return summary
 

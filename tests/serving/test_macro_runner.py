@@ -123,6 +123,31 @@ def test_every_figure_follows_from_the_jsonl(macro):
         assert (out / name).stat().st_size > 0, name
 
 
+def test_each_level_is_warmed_up_by_one_round_of_itself_before_it_is_measured(macro):
+    """experiment.level_warmup (on by default): before each closed-loop level, c requests
+    with c in flight, prompts of their own, never samples of a figure. The first time a
+    server runs a batch shape it does one-time work (a 0.4-0.9 s stall in the first c = 4
+    level of every speculative server on an H100), which a one-at-a-time warm-up never
+    reaches."""
+    out, rec, _ = macro
+    recs = records(out)
+    warm = [r for r in recs if r["phase"] == "warmup"]
+    assert sorted(r["level"] for r in warm) == [1, 1, 2, 2, 4, 4, 4, 4]  # the job's 1, then 1, 2, 4
+    index = [r["prompt_index"] for r in warm]
+    assert len(set(index)) == len(index)  # every warm-up request its own prompt
+    for c in (1, 2, 4):
+        level = [r for r in recs if r["phase"] == "sweep" and r["level"] == c]
+        # the level's warm-up: the c records written just before its first measured one
+        at = recs.index(level[0])
+        batch = recs[at - c:at]
+        assert [(r["phase"], r["level"]) for r in batch] == [("warmup", c)] * c
+        # in flight together: every one of them sent before any of them ended
+        assert max(r["sent_s"] for r in batch) < min(r["sent_s"] + r["end_s"] for r in batch)
+        assert max(r["sent_s"] + r["end_s"] for r in batch) <= min(r["sent_s"] for r in level)
+        assert rec.latest("tpot_ms_n")[c] == len(level)  # the warm-up is no sample
+    assert {c: rec.latest("tpot_ms_n")[c] for c in (1, 2, 4)} == {1: 4, 2: 4, 4: 8}
+
+
 def test_stall_figures_follow_from_the_jsonl(macro):
     """The per-level stall counts and the TPOT of the untouched requests, recomputed by hand
     from the records' own stall marks and chunk times."""

@@ -45,10 +45,12 @@ def test_a_uniform_shape_sends_each_request_its_drawn_lengths(vllm, tmp_path):
     seed = cfg.experiment.seed
     recs = records(tmp_path)
     assert [r["phase"] for r in recs[:3]] == ["warmup", "single", "single"]
+    # the job's warm-up request, then each level's round (experiment.level_warmup): 1, then 4
+    warm = [r["prompt_index"] for r in recs if r["phase"] == "warmup"]
+    assert sorted(warm) == [WARMUP_PROMPTS + i for i in range(1 + 1 + 4)]
     for r in recs:
         assert r["ok"], r["error"]
-        index = (WARMUP_PROMPTS + r["i"] if r["phase"] == "warmup" else
-                 r["prompt_index"] if r["phase"] == "sweep" else r["i"])
+        index = r["i"] if r["phase"] == "single" else r["prompt_index"]
         want_in, want_out = drawn(seed, 0, 24, 72, index), drawn(seed, 1, 6, 18, index)
         assert (r["prompt_tokens_target"], r["max_tokens"]) == (want_in, want_out), r["phase"]
         # vLLM counted exactly those: the prompt's tokens, and max_tokens with ignore_eos

@@ -91,6 +91,14 @@ class MacroConfig(Registered):
     output_len: LengthConfig = field(default_factory=LengthConfig)
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     warmup: int = 2  # requests sent before anything is measured; never in the figures
+    # Before each closed-loop level, one round of it (c requests, c in flight), never in the
+    # figures: the first time a server runs a batch shape it does one-time work. On an H100
+    # (vLLM 0.26, the Kimi rank, CUDA graphs) every speculative server (ngram_gpu k = 1, 5;
+    # EAGLE-3) stalled 0.4-0.9 s in its first c = 4 level (TTFT 1.2-3.0 s, against 0.06-0.11 s
+    # at its next α) and its first c = 64 level read TTFT 1.5× and a 20 % longer step; a server
+    # that had run the level once (its next α) showed neither. A one-at-a-time warm-up never
+    # reaches those shapes; vLLM's sweeps warm up each run at its own concurrency.
+    level_warmup: bool = True
     single_stream_requests: int = 8  # one at a time; 0 skips the phase
     # closed-loop levels; 1 … 32 suits two CPU cores at TP 2, a GPU box sweeps on (e.g.
     # experiment.concurrency=[1,2,4,8,16,32,64,128,256])
@@ -229,8 +237,8 @@ class MacroConfig(Registered):
         srv = cfg.server
         positive(self, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
                                       "request_timeout_s", "max_client_lag_ms", "repeats"], problems)
-        non_negative(self, "experiment", ["warmup", "single_stream_requests", "saturation_gain",
-                                          "temperature", "stall_min_gap_ms", "client_processes"], problems)
+        non_negative(self, "experiment", ["warmup", "single_stream_requests",
+                                          "saturation_gain", "temperature", "stall_min_gap_ms", "client_processes"], problems)
         self.validity.problems("experiment.validity", problems)
         if self.client_event_loop not in ("auto", "asyncio", "uvloop"):
             problems.append(f"experiment.client_event_loop={self.client_event_loop!r}: expected auto, "
