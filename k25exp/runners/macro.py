@@ -193,10 +193,13 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
                 await _warm_up(ph, 1, exp.warmup, WARMUP_PROMPTS)
                 if exp.single_stream_requests:
                     summary.update(await _single_stream(ph, rec, cache))
+                warm = levels_to_warm(exp, conn)
+                rec.set_tags({"macro.level_warmup": _level_warmup_tag(exp, warm)})
                 for c in exp.sweep_levels():
                     try:
                         figs = await _level(ph, c, rec, cache, measured_before=len(measured),
-                                            trace=trace, sessions=sessions)
+                                            trace=trace, sessions=sessions,
+                                            warm_from=warm.get(int(c)) if exp.load == "closed" else None)
                     except (ServerDied, ServerError):
                         finish(out, exp, rows, measured, summary, rec, jsonl)  # the levels so far
                         raise
@@ -205,6 +208,23 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
     rec.set_tags({"prefix_cache": _prefix_cache_tag(exp, cache)})
     finish(out, exp, rows, measured, summary, rec, jsonl)
     return summary
+
+
+def _level_warmup_tag(exp: MacroConfig, warm: dict[int, int]) -> str:
+    """What the tag macro.level_warmup says: which levels this job warmed up, and why not the
+    others."""
+    if not exp.level_warmup:
+        return "off (experiment.level_warmup=false)"
+    if exp.load != "closed":
+        return f"none: load={exp.load} (a closed-loop level's round only)"
+    levels = [int(c) for c in exp.sweep_levels()]
+    here = [c for c in levels if c in warm]
+    before = [c for c in levels if c not in warm]
+    parts = [f"one round (c requests, c in flight) before c = {', '.join(map(str, here))}"] if here else []
+    if before:
+        parts.append(f"c = {', '.join(map(str, before))} not again: an earlier job warmed this "
+                     "server up there at this request shape")
+    return "; ".join(parts)
 
 
 async def _warm_up(ph: Phases, c: int, n: int, first: int) -> None:
@@ -217,6 +237,25 @@ async def _warm_up(ph: Phases, c: int, n: int, first: int) -> None:
         x["prompt_index"] = first + x["i"]
     ph.write(res)
     _check_alive(ph.conn, "warm-up")
+
+
+# The (concurrency, prompt tokens, output tokens) each server was warmed up at in this
+# process, by server (its URL and, when launched here, its pid: a restart starts afresh). A
+# server that had run a level once (a speculative server's next α) showed no one-time stall,
+# so a later job on the same server and shape skips that level's warm-up round.
+_WARMED: dict[tuple, set[tuple]] = {}
+
+
+def _server_id(conn: Connection) -> tuple:
+    return conn.base_url, conn.managed.pid if conn.managed else None
+
+
+def levels_to_warm(exp: MacroConfig, conn: Connection) -> dict[int, int]:
+    """The levels this job warms up (experiment.level_warmup), each with its first prompt:
+    those the server has not run a warm-up round of at this request shape in this process."""
+    done = _WARMED.get(_server_id(conn), set())
+    return {c: first for c, first in level_warmup_prompts(exp).items()
+            if (c, exp.input_tokens, exp.output_tokens) not in done}
 
 
 def level_warmup_prompts(exp: MacroConfig) -> dict[int, int]:
@@ -290,15 +329,16 @@ async def _single_stream(ph: Phases, rec: Recorder, cache: dict) -> dict[str, fl
 
 async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_before: int,
                  trace: Optional[TracePrompts] = None,
-                 sessions: Optional[SessionPlan] = None) -> dict:
+                 sessions: Optional[SessionPlan] = None, warm_from: Optional[int] = None) -> dict:
     """One level of the sweep (concurrency c, c req/s in the open loop, the trace at speedup
     c, or c sessions in flight), `repeats` times pooled: its figures, logged at the level's
     step. A server that died or an endpoint that stopped answering raises, after logging what
     the level completed (`measured_before`: the levels measured before this one, for its
-    message)."""
+    message). `warm_from`: one warm-up round of the level first, from that prompt on."""
     exp, conn, http = ph.exp, ph.conn, ph.client.http
-    if (first := level_warmup_prompts(exp).get(int(c))) is not None:
-        await _warm_up(ph, int(c), int(c), first)  # before the reset: it never warms the cache
+    if warm_from is not None:  # before the reset: the warm-up never warms the cache
+        await _warm_up(ph, int(c), int(c), warm_from)
+        _WARMED.setdefault(_server_id(conn), set()).add((int(c), exp.input_tokens, exp.output_tokens))
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
     before = await admin.scrape(http, conn.model)

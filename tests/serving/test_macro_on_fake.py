@@ -161,7 +161,7 @@ def test_an_uncapped_open_loop_names_the_clients_cap_and_queues_there(model, tmp
 def test_levels_sent_by_several_client_processes_merge_into_one_record_and_figure_set(model, tmp_path):
     """experiment.client_processes=3 against the fake's step engine (one token to every stream
     every 20 ms): the warm-up and single stream (one stream each) go from this process, each
-    level from min(3, C) processes; requests.jsonl holds every request of a level once, each
+    level and its warm-up round from min(3, C) processes; requests.jsonl holds every request of a level once, each
     naming its process, and the logged figures are the hand counts of those records."""
     out = tmp_path / "out"
     _, rec, _ = run_macro(out, *fake_overrides(model, tmp_path, "FAKE_VLLM_STEP_MS=20"),
@@ -172,8 +172,12 @@ def test_levels_sent_by_several_client_processes_merge_into_one_record_and_figur
     assert "3 client process(es) per level" in rec.tags["macro.client"]
     assert "sockets: asyncio protocol (k25exp.load.sockets)" in rec.tags["macro.client"]
     recs = [orjson.loads(x) for x in (out / "requests.jsonl").read_bytes().splitlines()]
-    assert {r["shard"] for r in recs if r["phase"] != "sweep"} == {0}
+    # the job's warm-up and the single stream (one stream each) from this process
+    assert {r["shard"] for r in recs if r["phase"] != "sweep" and r["level"] == 1} == {0}
     for c, procs in ((2, 2), (6, 3)):
+        # the level's warm-up round (experiment.level_warmup) is sent as the level is
+        warm = [r for r in recs if r["phase"] == "warmup" and r["level"] == c]
+        assert len(warm) == c and {r["shard"] for r in warm} == set(range(procs))
         lvl = [r for r in recs if r["phase"] == "sweep" and r["level"] == c]
         assert sorted(r["i"] for r in lvl) == list(range(12)) and all(r["ok"] for r in lvl)
         assert {r["shard"] for r in lvl} == set(range(procs))

@@ -123,14 +123,16 @@ def test_every_figure_follows_from_the_jsonl(macro):
         assert (out / name).stat().st_size > 0, name
 
 
-def test_each_level_is_warmed_up_by_one_round_of_itself_before_it_is_measured(macro):
-    """experiment.level_warmup (on by default): before each closed-loop level, c requests
-    with c in flight, prompts of their own, never samples of a figure. The first time a
-    server runs a batch shape it does one-time work (a 0.4-0.9 s stall in the first c = 4
+def test_each_level_is_warmed_up_once_per_server_by_one_round_of_itself(vllm, tmp_path):
+    """experiment.level_warmup (on by default): before a closed-loop level, c requests with c
+    in flight, prompts of their own, never samples of a figure; once per server and request
+    shape (a shape no other test sends: the session server has not run it). The first time
+    a server runs a batch shape it does one-time work (a 0.4-0.9 s stall in the first c = 4
     level of every speculative server on an H100), which a one-at-a-time warm-up never
-    reaches."""
-    out, rec, _ = macro
-    recs = records(out)
+    reaches; a server that had run the level once (its next α) showed none."""
+    shape = [*SMALL, "experiment.input_tokens=37", "experiment.output_tokens=9"]
+    _, rec, _ = run_macro(tmp_path / "first", *vllm["overrides"], *shape)
+    recs = records(tmp_path / "first")
     warm = [r for r in recs if r["phase"] == "warmup"]
     assert sorted(r["level"] for r in warm) == [1, 1, 2, 2, 4, 4, 4, 4]  # the job's 1, then 1, 2, 4
     index = [r["prompt_index"] for r in warm]
@@ -144,8 +146,16 @@ def test_each_level_is_warmed_up_by_one_round_of_itself_before_it_is_measured(ma
         # in flight together: every one of them sent before any of them ended
         assert max(r["sent_s"] for r in batch) < min(r["sent_s"] + r["end_s"] for r in batch)
         assert max(r["sent_s"] + r["end_s"] for r in batch) <= min(r["sent_s"] for r in level)
-        assert rec.latest("tpot_ms_n")[c] == len(level)  # the warm-up is no sample
-    assert {c: rec.latest("tpot_ms_n")[c] for c in (1, 2, 4)} == {1: 4, 2: 4, 4: 8}
+    assert {c: rec.latest("tpot_ms_n")[c] for c in (1, 2, 4)} == {1: 4, 2: 4, 4: 8}  # no warm-up
+    assert rec.tags["macro.level_warmup"] == "one round (c requests, c in flight) before c = 1, 2, 4"
+    # the same server and shape again, and one more level: only the new level is warmed up
+    _, rec2, _ = run_macro(tmp_path / "again", *vllm["overrides"], *shape,
+                           "experiment.concurrency=[1,2,4,8]")
+    again = [r["level"] for r in records(tmp_path / "again") if r["phase"] == "warmup"]
+    assert sorted(again) == [1] + [8] * 8
+    assert rec2.tags["macro.level_warmup"] == (
+        "one round (c requests, c in flight) before c = 8; c = 1, 2, 4 not again: an earlier "
+        "job warmed this server up there at this request shape")
 
 
 def test_stall_figures_follow_from_the_jsonl(macro):

@@ -97,7 +97,8 @@ class MacroConfig(Registered):
     # EAGLE-3) stalled 0.4-0.9 s in its first c = 4 level (TTFT 1.2-3.0 s, against 0.06-0.11 s
     # at its next α) and its first c = 64 level read TTFT 1.5× and a 20 % longer step; a server
     # that had run the level once (its next α) showed neither. A one-at-a-time warm-up never
-    # reaches those shapes; vLLM's sweeps warm up each run at its own concurrency.
+    # reaches those shapes; vLLM's sweeps warm up each run at its own concurrency. Once per
+    # server start and request shape in a process (tag macro.level_warmup says which levels).
     level_warmup: bool = True
     single_stream_requests: int = 8  # one at a time; 0 skips the phase
     # closed-loop levels; 1 … 32 suits two CPU cores at TP 2, a GPU box sweeps on (e.g.
