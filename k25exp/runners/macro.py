@@ -199,7 +199,7 @@ async def _measure(cfg: K25Config, conn: Connection, out: Path, rec: Recorder,
                     try:
                         figs = await _level(ph, c, rec, cache, measured_before=len(measured),
                                             trace=trace, sessions=sessions,
-                                            warm_from=warm.get(int(c)) if exp.load == "closed" else None)
+                                            warm_from=warm.get(int(c)))
                     except (ServerDied, ServerError):
                         finish(out, exp, rows, measured, summary, rec, jsonl)  # the levels so far
                         raise
@@ -250,12 +250,17 @@ def _server_id(conn: Connection) -> tuple:
     return conn.base_url, conn.managed.pid if conn.managed else None
 
 
+def _shape(exp: MacroConfig, c: float) -> tuple:
+    """What a level's warm-up is remembered by: its concurrency and request shape."""
+    return int(c), exp.input_tokens, exp.output_tokens
+
+
 def levels_to_warm(exp: MacroConfig, conn: Connection) -> dict[int, int]:
     """The levels this job warms up (experiment.level_warmup), each with its first prompt:
     those the server has not run a warm-up round of at this request shape in this process."""
     done = _WARMED.get(_server_id(conn), set())
     return {c: first for c, first in level_warmup_prompts(exp).items()
-            if (c, exp.input_tokens, exp.output_tokens) not in done}
+            if _shape(exp, c) not in done}
 
 
 def level_warmup_prompts(exp: MacroConfig) -> dict[int, int]:
@@ -338,7 +343,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     exp, conn, http = ph.exp, ph.conn, ph.client.http
     if warm_from is not None:  # before the reset: the warm-up never warms the cache
         await _warm_up(ph, int(c), int(c), warm_from)
-        _WARMED.setdefault(_server_id(conn), set()).add((int(c), exp.input_tokens, exp.output_tokens))
+        _WARMED.setdefault(_server_id(conn), set()).add(_shape(exp, c))
     if exp.reset_prefix_cache:
         await admin.reset_prefix_cache(http, cache)
     before = await admin.scrape(http, conn.model)

@@ -238,8 +238,8 @@ class MacroConfig(Registered):
         srv = cfg.server
         positive(self, "experiment", ["input_tokens", "output_tokens", "rounds", "min_requests",
                                       "request_timeout_s", "max_client_lag_ms", "repeats"], problems)
-        non_negative(self, "experiment", ["warmup", "single_stream_requests",
-                                          "saturation_gain", "temperature", "stall_min_gap_ms", "client_processes"], problems)
+        non_negative(self, "experiment", ["warmup", "single_stream_requests", "saturation_gain",
+                                          "temperature", "stall_min_gap_ms", "client_processes"], problems)
         self.validity.problems("experiment.validity", problems)
         if self.client_event_loop not in ("auto", "asyncio", "uvloop"):
             problems.append(f"experiment.client_event_loop={self.client_event_loop!r}: expected auto, "
