@@ -215,7 +215,8 @@ def _validity_note(unknown: list[str], stalled: list[str]) -> str:
     parts = []
     if unknown:
         parts.append(f"validity unknown for {named(unknown)}: the client's loop lag and CPU use "
-                     "were not kept, so no valid/client_lagged is logged")
+                     "were not kept, so recovery logs no valid/client_lagged for them (a verdict "
+                     "the job flushed itself before it died stands)")
     if stalled:
         parts.append(f"valid=0 for {named(stalled)}: a delivery stall in the records")
     return "; ".join(parts)

@@ -46,10 +46,14 @@ def test_sigkill_mid_level_then_recover(tmp_path):
     outputs, run_dir = tmp_path / "outputs", tmp_path / "run"
     uri = f"sqlite:///{outputs}/mlflow.db"
     args = fake_overrides(fake_model(tmp_path / "model"), tmp_path / "server_logs", "FAKE_VLLM_GAP_MS=40")
+    # tracking.heartbeat_s=0: the job's buffered figures are never flushed before the kill, so
+    # what the store holds after recovery is recovery's alone (every 30 s, a heartbeat landing
+    # after the single stream on a loaded machine stored the job's own single_stream_valid = 1,
+    # and a level flushed too would be logged twice)
     job = start_job(outputs, run_dir, *args, "debug=quick", "experiment.concurrency=[1,2,4]",
                     "experiment.single_stream_requests=2", "experiment.requests=4",
                     "experiment.input_tokens=16", "experiment.output_tokens=24",
-                    "experiment.progress=false")
+                    "experiment.progress=false", "tracking.heartbeat_s=0")
     # The first level's records are written once it is over; the second takes ~2 s.
     kill_job_when(job, lambda: _sweep_level_written(run_dir / "requests.jsonl"), 120,
                   "the first concurrency level was written")
