@@ -23,7 +23,10 @@ shares with each step (a request lives (n − 1) / τ decode steps, so the other
 new prompts of p tokens are prefilled at (c − 1) p τ / (n − 1) tokens per step, τ − 1 more per
 step than the reference's). Where the left-out point's c has no other point, the global form
 S − R = a + b c k + d c + q ΔP (d: per request) is fitted instead. Columns the points cannot
-tell apart are dropped, last first (one k leaves c k inside the intercepts). SmartSpec/
+tell apart are dropped, last first, until the rest can be: with one k, c k lies inside the
+intercepts, and h and q go with it, so each level's excess is the mean of its other points'
+(fitting h and q from one k's few acceptances projected worse on a CPU; docs/guides/
+spec-decode.md). SmartSpec/
 TurboSpec (arXiv 2406.14066) fit a step time from measured steps in the same spirit; a closed
 form that prices a verification step as an ordinary step of c (k + 1) requests cannot see the
 drafter, the sampler or the scheduling.

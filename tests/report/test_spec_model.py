@@ -169,3 +169,17 @@ def test_break_even_by_hand():
     assert break_even(1, 1, 2.0, 2.2, fit, P_TOK, N_OUT, phi=0.5) == pytest.approx(1.0, abs=1e-9)
     # the per-level form prices the same: g1 = 0.6 = A + D
     assert break_even(1, 1, 2.0, 2.2, fit_step(grid()), P_TOK, N_OUT) == pytest.approx(0.5, abs=1e-9)
+
+
+def test_one_k_keeps_only_the_intercepts():
+    # one draft length: c k is constant within a level, so it lies inside the intercepts; the
+    # columns after it (h c τ, q ΔP) go too, so each level's excess is the mean of its points'
+    # (kept on purpose: fitting h and q from the α's of one k projected worse on a 2-core
+    # AVX-512 CPU's k = 1 / 3 / 5 subsets, 8 / 10 / 7 of 12 within 10 % against 11 / 11 / 8).
+    # By hand, k = 3, H = 0.3: τ = 1.875 (α 0.5), 3.439 (α 0.9); excess S − R at
+    #   c = 1: 0.5 + 0.6 + 0.1 + 0.3 τ            = 1.7625 and 2.2317
+    #   c = 4: 0.5 + 2.4 + 0.4 + 1.2 τ + 0.06 (τ − 1) = 5.6025 and 7.57314
+    pts = [point(3, a, c, h=0.3) for a in (0.5, 0.9) for c in (1, 4)]
+    fit = fit_step(pts)
+    assert fit.named() == pytest.approx({"g1": (1.7625 + 2.2317) / 2, "g4": (5.6025 + 7.57314) / 2,
+                                         "b": 0.0, "h": 0.0, "q": 0.0})
