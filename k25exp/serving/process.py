@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -76,6 +77,32 @@ def _child_setup() -> None:  # runs in the child between fork and exec
         pass
 
 
+class StopSignalsHeld:
+    """Holds Ctrl-C and SIGTERM / SIGHUP from its creation until `release()`, which delivers
+    them: a stop that landed inside `Popen` (the child already running, its pid not yet ours)
+    left the server, and the workers it went on to start, running with no one to stop them;
+    delivered once `proc` is set, it stops them like any stop during the start. Handlers can
+    only be swapped in the main thread: elsewhere nothing is held."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.saved: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is not None:  # None: set outside Python, not restorable
+                    self.saved[sig] = signal.signal(sig, lambda signum, _f: self.pending.append(signum))
+
+    def release(self) -> None:
+        saved, self.saved = self.saved, {}
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(self.pending):  # each once, in the order they came
+            signal.raise_signal(sig)
+        self.pending = []
+
+
 class ManagedServer:
     def __init__(self, spec: LaunchSpec):
         self.spec = spec
@@ -121,12 +148,18 @@ class ManagedServer:
             logf.flush()
             t0 = time.perf_counter()
             self.started_at = time.time()
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                         stderr=subprocess.STDOUT, env=spec.child_env(),
-                                         preexec_fn=_child_setup,
-                                         close_fds=True)
+            held = StopSignalsHeld()
+            try:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                             stderr=subprocess.STDOUT, env=spec.child_env(),
+                                             preexec_fn=_child_setup,
+                                             close_fds=True)
+            except BaseException:
+                held.release()
+                raise
         log.info("vLLM starting (pid %d, port %d, log %s)", self.proc.pid, port, self.log_path)
         try:
+            held.release()  # a stop signal held during Popen acts here, with proc set
             self._wait_ready()
         except BaseException as e:
             # Not ready yet: nothing worth a graceful shutdown (and vLLM half-way through its

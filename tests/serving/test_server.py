@@ -9,7 +9,9 @@ import asyncio
 import http.server
 import os
 import re
+import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -261,3 +263,41 @@ def test_a_restart_names_the_settings_that_changed():
                                          "env VLLM_CPU_KVCACHE_SPACE 1 → 2"]
     assert "max_model_len" not in restart_line(short, other)
     assert spec("server.max_model_len=2048").changes_from(short) == []
+
+
+class Stop(BaseException):
+    """What the test's SIGTERM handler raises (a KeyboardInterrupt would end pytest itself)."""
+
+
+def test_a_stop_signal_inside_popen_stops_the_server_it_had_started(tmp_path, monkeypatch):
+    """The fault injected: SIGTERM the moment Popen has started the server, before its result
+    is ours (the window a Ctrl-C or a GPU stage's time limit can hit). Held until the process
+    is known, it stops the server like any stop during its start; before, the handler's
+    exception left Popen and the server (and the worker it starts) ran on, stopped by nobody."""
+    model = fake_model(tmp_path / "model")  # its own marks: the module's fake server is not it
+    cfg = typed(*fake_overrides(model, tmp_path / "logs", "FAKE_VLLM_WORKERS=1",
+                                "FAKE_VLLM_START_DELAY_S=60"))
+    srv = server.ManagedServer(server.launch_spec(cfg.server, model))
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kw):
+        child = real_popen(*args, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: still inside Popen
+        return child
+
+    def stop(signum, frame):
+        raise Stop(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        with pytest.raises(Stop):
+            srv.start()
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGTERM) is stop  # the handler it held is back
+        assert srv.proc is not None and not srv.pids()
+        assert not orphans(marks=fake_marks(model)), "the server outlived the stop"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in vllm_processes(marks=fake_marks(model)):  # on failure: nothing left running
+            psutil.Process(p[0]).kill()
