@@ -15,6 +15,7 @@ The child also gets PR_SET_PDEATHSIG, so even a SIGKILL of this process stops th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -77,30 +78,26 @@ def _child_setup() -> None:  # runs in the child between fork and exec
         pass
 
 
-class StopSignalsHeld:
-    """Holds Ctrl-C and SIGTERM / SIGHUP from its creation until `release()`, which delivers
-    them: a stop that landed inside `Popen` (the child already running, its pid not yet ours)
-    left the server, and the workers it went on to start, running with no one to stop them;
-    delivered once `proc` is set, it stops them like any stop during the start. Handlers can
-    only be swapped in the main thread: elsewhere nothing is held."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-        self.saved: dict[int, object] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                if signal.getsignal(sig) is not None:  # None: set outside Python, not restorable
-                    self.saved[sig] = signal.signal(sig, lambda signum, _f: self.pending.append(signum))
-
-    def release(self) -> None:
-        saved, self.saved = self.saved, {}
+@contextlib.contextmanager
+def stop_signals_held():
+    """Holds Ctrl-C and SIGTERM / SIGHUP inside the block and delivers them on leaving it: a
+    stop that landed inside `Popen` (the child already running, its pid not yet ours) left the
+    server, and the workers it went on to start, running with no one to stop them; delivered
+    once `proc` is set, it stops them like any stop during the start. Handlers can only be
+    swapped in the main thread: elsewhere nothing is held."""
+    pending: list[int] = []
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not None:  # None: set outside Python, not restorable
+                saved[sig] = signal.signal(sig, lambda signum, _f: pending.append(signum))
+    try:
+        yield
+    finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(self.pending):  # each once, in the order they came
+        for sig in dict.fromkeys(pending):  # each once, in the order they came
             signal.raise_signal(sig)
-        self.pending = []
 
 
 class ManagedServer:
@@ -138,32 +135,27 @@ class ManagedServer:
 
     def _launch(self, port: int) -> "ManagedServer":
         spec = self.spec
-        self.port, self.stopped, self.known = port, False, {}
+        self.port, self.stopped, self.known, self.proc = port, False, {}, None
         argv = list(spec.argv)
         argv[argv.index("--port") + 1] = str(port)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = spec.log_dir / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{self.key[:8]}-{port}.log"
-        with open(self.log_path, "wb") as logf:
-            logf.write(spec.describe(argv).encode())
-            logf.flush()
-            t0 = time.perf_counter()
-            self.started_at = time.time()
-            held = StopSignalsHeld()
-            try:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                             stderr=subprocess.STDOUT, env=spec.child_env(),
-                                             preexec_fn=_child_setup,
-                                             close_fds=True)
-            except BaseException:
-                held.release()
-                raise
-        log.info("vLLM starting (pid %d, port %d, log %s)", self.proc.pid, port, self.log_path)
         try:
-            held.release()  # a stop signal held during Popen acts here, with proc set
+            with open(self.log_path, "wb") as logf:
+                logf.write(spec.describe(argv).encode())
+                logf.flush()
+                t0 = time.perf_counter()
+                self.started_at = time.time()
+                with stop_signals_held():  # a stop landing inside Popen acts once proc is set
+                    self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                                 stderr=subprocess.STDOUT, env=spec.child_env(),
+                                                 preexec_fn=_child_setup,
+                                                 close_fds=True)
+            log.info("vLLM starting (pid %d, port %d, log %s)", self.proc.pid, port, self.log_path)
             self._wait_ready()
         except BaseException as e:
             # Not ready yet: nothing worth a graceful shutdown (and vLLM half-way through its
-            # start can sit on SIGTERM for the whole timeout).
+            # start can sit on SIGTERM for the whole timeout); never created: nothing to stop.
             self.stop(grace_s=STARTUP_STOP_GRACE_S)
             if isinstance(e, ServerError):
                 e.log_path = self.log_path  # the runner keeps it as an artifact
