@@ -12,24 +12,31 @@ requests costs at c (GEMM shapes, attention, collectives, the scheduling mode), 
 modelled. What speculation adds is fitted by least squares over the drafter's measured steps
 S_meas = spec TPOT × tokens per step (vLLM's counters):
 
-    S(c, k, α) − R(c) = g_c + b c k + h c τ + q ΔP       ΔP = (c − 1) p (τ − 1) / (n − 1)
+    S(c, k, α) − R(c) = g_c + b_c k + h c τ + q ΔP       ΔP = (c − 1) p (τ − 1) / (n − 1)
 
 g_c: what speculation adds at c whatever k and α (per-request drafting, rejection sampling,
 the attention path a multi-token query takes: on the CPU build ~3.5–7 ms per request, not a
 line in c, so one intercept per measured concurrency, fitted from the *other* points at that
-c); b: the k extra tokens per request verified; h: per token emitted (output processing,
-detokenizing, streaming: τ per request instead of 1); q: the extra prefill a closed loop
-shares with each step (a request lives (n − 1) / τ decode steps, so the other c − 1 workers'
-new prompts of p tokens are prefilled at (c − 1) p τ / (n − 1) tokens per step, τ − 1 more per
-step than the reference's). Where the left-out point's c has no other point, the global form
-S − R = a + b c k + d c + q ΔP (d: per request) is fitted instead. Columns the points cannot
-tell apart are dropped, last first, until the rest can be: with one k, c k lies inside the
-intercepts, and h and q go with it, so each level's excess is the mean of its other points'
-(fitting h and q from one k's few acceptances projected worse on a CPU; docs/guides/
-spec-decode.md). SmartSpec/
-TurboSpec (arXiv 2406.14066) fit a step time from measured steps in the same spirit; a closed
-form that prices a verification step as an ordinary step of c (k + 1) requests cannot see the
-drafter, the sampler or the scheduling.
+c); b_c: per draft token per step at c, what verifying the k extra tokens of each of the c
+requests costs, one slope per level because that cost is no line in c k on a GPU (an H100's
+Kimi rank: ~0.5 ms per draft token at c = 1, ~2 ms at c = 64 for 64 × more tokens: the
+verification GEMMs are weight-bound at small batch, and CUDA graphs pad to their captured
+sizes); h: per token emitted (output processing, detokenizing, streaming: τ per request
+instead of 1); q: the extra prefill a closed loop shares with each step (a request lives
+(n − 1) / τ decode steps, so the other c − 1 workers' new prompts of p tokens are prefilled at
+(c − 1) p τ / (n − 1) tokens per step, τ − 1 more per step than the reference's). Where the
+left-out point's c has no other point, the global form S − R = a + b c k + d c + q ΔP
+(d: per request) is fitted instead. Columns the points cannot tell apart are dropped: a
+level's b_c where that level's points have one k (it lies inside g_c); with one k at every
+level, h and q go too, so each level's excess is the mean of its other points' (fitting h and
+q from one k's few acceptances projected worse on a CPU); then, should the rest still be
+rank-deficient, the last first. The per-level slope against one slope b c k, leave-one-out:
+24 of 24 points within 10 % (median 2.0 %) against 14 of 24 (8.7 %) on an H100's ngram_gpu
+k = 1 / 5 over 3 rounds; 29 of 36 (4.4 %) against 30 of 36 (3.8 %) on a 2-core AVX-512 CPU's
+n-gram k = 1 / 3 / 5 (docs/guides/spec-decode.md). SmartSpec/TurboSpec (arXiv 2406.14066)
+fit a step time from measured steps in the same spirit; a closed form that prices a
+verification step as an ordinary step of c (k + 1) requests cannot see the drafter, the
+sampler or the scheduling.
 
 τ for a synthetic acceptance: a drafter need not propose all k positions (n-gram lookup
 proposes only as far as its match goes), and a position never proposed is never accepted. If
@@ -62,7 +69,7 @@ import numpy as np
 from k25exp.serving.spec_acceptance import expected_tokens
 
 GLOBAL = ("a", "b", "d", "q")   # the global form's coefficients (module docstring)
-PER_LEVEL = ("b", "h", "q")     # beside one intercept g_c per level
+PER_LEVEL = ("h", "q")          # beside an intercept g_c and a k slope b_c per level
 
 
 @dataclass(frozen=True)
@@ -105,8 +112,8 @@ def extra_prefill(c: int, k: int, tau: float, prompt_tokens: int, output_tokens:
 
 @dataclass(frozen=True)
 class StepFit:
-    """S − R fitted over measured steps: one intercept per level in `levels` (the per-level
-    form) or, with no levels, the global form (module docstring)."""
+    """S − R fitted over measured steps: an intercept and a k slope per level in `levels` (the
+    per-level form) or, with no levels, the global form (module docstring)."""
     levels: tuple[int, ...]
     coef: tuple[float, ...]      # the intercepts (per level), then the named slopes
 
@@ -118,32 +125,38 @@ class StepFit:
         return float(np.dot(self.coef, _row(self.levels, c, k, tau, prompt_tokens, output_tokens)))
 
     def named(self) -> dict[str, float]:
-        names = ([f"g{c}" for c in self.levels] + list(PER_LEVEL)) if self.levels else list(GLOBAL)
+        names = ([f"g{c}" for c in self.levels] + [f"b{c}" for c in self.levels] + list(PER_LEVEL)
+                 if self.levels else list(GLOBAL))
         return dict(zip(names, self.coef))
 
     def describe(self) -> str:
-        return "an intercept per c" if self.levels else "the global form"
+        return "an intercept and a k slope per c" if self.levels else "the global form"
 
 
 def _row(levels: tuple[int, ...], c: int, k: int, tau: float, prompt_tokens: int,
          output_tokens: int) -> list[float]:
     dp = extra_prefill(c, k, tau, prompt_tokens, output_tokens)
     if levels:
-        return [1.0 if c == x else 0.0 for x in levels] + [c * k, c * tau, dp]
+        return ([1.0 if c == x else 0.0 for x in levels] + [float(k) if c == x else 0.0 for x in levels]
+                + [c * tau, dp])
     return [1.0, c * k, c, dp]
 
 
 def fit_step(points: Sequence[Point], per_level: bool = True) -> Optional[StepFit]:
     """S − R by least squares over measured steps (ΔP and c τ at each point's measured τ: these
-    are measurements), per level or global; a slope the points cannot tell apart from the other
-    columns is 0, the last first; None with fewer points than kept columns + 1 (one degree of
-    freedom left)."""
+    are measurements), per level or global; a column the points cannot tell apart is 0 (module
+    docstring: a level's k slope where it has one k; h and q with one k everywhere; then the
+    last first); None with fewer points than kept columns + 1 (one degree of freedom left)."""
     if not points:
         return None
     levels = tuple(sorted({p.c for p in points})) if per_level else ()
     X = np.array([_row(levels, p.c, p.k, p.tau, p.prompt_tokens, p.output_tokens) for p in points])
     y = np.array([p.step_ms - p.reference_ms for p in points])
     cols = list(range(X.shape[1]))
+    if levels:
+        n = len(levels)
+        slopes = [n + i for i, c in enumerate(levels) if len({p.k for p in points if p.c == c}) > 1]
+        cols = list(range(n)) + slopes + ([2 * n, 2 * n + 1] if slopes else [])
     while cols and np.linalg.matrix_rank(X[:, cols]) < len(cols):
         cols.pop()
     if len(points) < len(cols) + 1:

@@ -1,6 +1,7 @@
 """The speculative step model on hand-built steps: every figure below is worked out by hand
 from S = R(c) + A + B c k + D c + H c τ + Q ΔP, ΔP = (c − 1) p (τ − 1) / (n − 1), τ = E(φα, k).
-In the per-level form A + D c is the intercept g_c of each measured concurrency."""
+In the per-level form A + D c is the intercept g_c and B c the k slope b_c of each measured
+concurrency."""
 
 from __future__ import annotations
 
@@ -57,12 +58,14 @@ def test_one_hand_computed_point():
 def test_each_point_is_projected_from_the_others_only():
     pts = grid()
     fit = fit_step(pts)
-    # one intercept per level: g1 = A + D = 0.6, g4 = A + 4 D = 0.9; b = B, h = 0, q = Q
+    # an intercept and a k slope per level: g1 = A + D = 0.6, g4 = A + 4 D = 0.9, b1 = B,
+    # b4 = 4 B; h = 0, q = Q
     assert fit.levels == (1, 4)
-    assert fit.named() == pytest.approx({"g1": 0.6, "g4": 0.9, "b": B, "h": 0.0, "q": Q})
+    assert fit.named() == pytest.approx({"g1": 0.6, "g4": 0.9, "b1": B, "b4": 4 * B, "h": 0.0, "q": Q})
     for pr in project(pts):  # exact data: every leave-one-out fit finds the same model
         assert pr.error_pct == pytest.approx(0.0, abs=1e-9)
-        assert pr.used.startswith("fit over 7 other points of ngram (an intercept per c); τ = E(")
+        assert pr.used.startswith("fit over 7 other points of ngram (an intercept and a k slope "
+                                  "per c); τ = E(")
         assert pr.used.endswith("φ = 1.000 from 3 other points at k=" + str(pr.point.k))
     # the held-out point measured twice as slow: its projection does not move (its own
     # measurement never enters), so it reads +100 % against it
@@ -172,14 +175,48 @@ def test_break_even_by_hand():
 
 
 def test_one_k_keeps_only_the_intercepts():
-    # one draft length: c k is constant within a level, so it lies inside the intercepts; the
-    # columns after it (h c τ, q ΔP) go too, so each level's excess is the mean of its points'
-    # (kept on purpose: fitting h and q from the α's of one k projected worse on a 2-core
-    # AVX-512 CPU's k = 1 / 3 / 5 subsets, 8 / 10 / 7 of 12 within 10 % against 11 / 11 / 8).
+    # one draft length: k is constant within a level, so each level's k slope lies inside its
+    # intercept; with no k slope left, h c τ and q ΔP go too, so each level's excess is the
+    # mean of its points' (kept on purpose: fitting h and q from the α's of one k projected
+    # worse on a 2-core AVX-512 CPU's k = 1 / 3 / 5 subsets, 8 / 10 / 7 of 12 within 10 %
+    # against 11 / 11 / 8).
     # By hand, k = 3, H = 0.3: τ = 1.875 (α 0.5), 3.439 (α 0.9); excess S − R at
     #   c = 1: 0.5 + 0.6 + 0.1 + 0.3 τ            = 1.7625 and 2.2317
     #   c = 4: 0.5 + 2.4 + 0.4 + 1.2 τ + 0.06 (τ − 1) = 5.6025 and 7.57314
     pts = [point(3, a, c, h=0.3) for a in (0.5, 0.9) for c in (1, 4)]
     fit = fit_step(pts)
     assert fit.named() == pytest.approx({"g1": (1.7625 + 2.2317) / 2, "g4": (5.6025 + 7.57314) / 2,
-                                         "b": 0.0, "h": 0.0, "q": 0.0})
+                                         "b1": 0.0, "b4": 0.0, "h": 0.0, "q": 0.0})
+
+
+def test_the_cost_of_a_draft_token_is_fitted_per_level():
+    # a GPU's verification: a draft token costs 0.5 ms per step at c = 1 but only 0.6 ms for
+    # all 4 requests' at c = 4 (weight-bound GEMMs, padded CUDA graphs): no line in c k. By
+    # hand, S − R = g_c + β_c k with g1 = 2, g4 = 3, β1 = 0.5, β4 = 0.6 (h = q = 0), so the
+    # held-out point (k = 3, α = 0.9, c = 4) is S = R(4) + 3 + 1.8 = 4 + 4.8 = 8.8 ms
+    beta, g = {1: 0.5, 4: 0.6}, {1: 2.0, 4: 3.0}
+
+    def gpu(k, a, c):
+        tau = expected_tokens(a, k)
+        s = ref(c) + g[c] + beta[c] * k
+        return Point("ngram_gpu", k, a, c, base(c), s / tau, tau, base(c) * tau / s, P_TOK, N_OUT,
+                     ref_ms=ref(c))
+
+    pts = [gpu(k, a, c) for k in (1, 3) for a in (0.5, 0.9) for c in (1, 4)]
+    assert fit_step(pts).named() == pytest.approx({"g1": 2.0, "g4": 3.0, "b1": 0.5, "b4": 0.6,
+                                                   "h": 0.0, "q": 0.0}, abs=1e-9)
+    pr = next(x for x in project(pts) if (x.point.k, x.point.alpha, x.point.c) == (3, 0.9, 4))
+    assert pr.step_ms == pytest.approx(8.8) and pr.error_pct == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_level_with_one_k_keeps_its_intercept_and_the_shared_slopes():
+    # c = 16 measured at k = 3 only (α 0.5 and 0.9): its k slope lies inside its intercept and
+    # is dropped, nothing else is (h and q still come from the levels of two k). Held out,
+    # k = 3, α = 0.5, c = 16 is projected from its α = 0.9 sibling and the shared q. By hand:
+    # τ = 1.875, R = 7, S = 7 + 0.5 + 9.6 + 1.6 + 0.01 × 2 × 15 × 0.875 = 18.9625
+    pts = grid() + [point(3, a, 16) for a in (0.5, 0.9)]
+    fit = fit_step(pts)
+    assert fit.named()["b16"] == 0.0 and fit.named()["q"] == pytest.approx(Q)
+    assert fit.named()["b4"] == pytest.approx(4 * B)
+    pr = next(x for x in project(pts) if (x.point.k, x.point.alpha, x.point.c) == (3, 0.5, 16))
+    assert pr.step_ms == pytest.approx(18.9625) and pr.error_pct == pytest.approx(0.0, abs=1e-9)
