@@ -91,6 +91,8 @@ class Point:
     speedup_hi: Optional[float] = None
     rounds: int = 1
     ref_ms: Optional[float] = None   # the reference step R(c) (module docstring); None: base_ms
+    left_out: int = 0        # runs whose point was marked invalid, left out (spec_sweep.points_of)
+    valid: bool = True       # False: every round was marked invalid (listed, never fitted)
 
     @property
     def step_ms(self) -> float:

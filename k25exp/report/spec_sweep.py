@@ -20,8 +20,8 @@ from k25exp.report import metrics as M
 from k25exp.report.figures import Figure, Section, Table, missing, unique_runs
 from k25exp.report.sources import Campaign
 from k25exp.report.spec_profiled import spec_profiled
-from k25exp.report.spec_model import (Point, break_even, fit_step, project, reaches,
-                                      speedup_at)
+from k25exp.report.spec_model import (Point, Projection, break_even, fit_step, project,
+                                      reaches, speedup_at)
 from k25exp.report.speculative import method_label
 from k25exp.traces.step_phases import ASYNC_KEPT
 from k25exp.tracking.read import RunView
@@ -37,13 +37,17 @@ def drafter_name(r: RunView) -> str:
 
 
 FIELDS = ("spec_tpot_ms_med", "base_tpot_ms_med", "sync_tpot_ms_med", "tokens_per_step_med",
-          "speedup_med", "speedup_ci_lo", "speedup_ci_hi", "rounds")
+          "speedup_med", "speedup_ci_lo", "speedup_ci_hi", "rounds", "valid")
 
 
 def points_of(runs: list[RunView]) -> list[Point]:
     """The measured points of one setting's runs (none from runs that predate points). Runs
     of one setting pool: each figure the median of the runs' medians, the rounds summed, the
-    speedup's interval a bootstrap over the runs' speedups (a run's own with one run)."""
+    speedup's interval a bootstrap over the runs' speedups (a run's own with one run). A run
+    whose point is marked invalid (`<point>/valid` 0: a client that lagged, a level that
+    stalled, in any of its servers) is left out of that point and counted in `left_out`; a
+    point no run measured validly keeps them all and is marked `valid=False` (listed, never
+    fitted or projected). Runs from before `valid` was logged count as valid."""
     from k25exp.stats import bootstrap_ci
 
     r0 = runs[0]
@@ -65,6 +69,9 @@ def points_of(runs: list[RunView]) -> list[Point]:
                 "spec_tpot_ms_med", "base_tpot_ms_med", "tokens_per_step_med", "speedup_med"))]
             if not have:
                 continue
+            ok = [h for h in have if h["valid"].get(c, 1.0) >= 1.0]
+            left_out = len(have) - len(ok) if ok else 0
+            have = ok or have
             med = {f: median(vals) if (vals := [h[f][c] for h in have if c in h[f]]) else None
                    for f in FIELDS}
             speedups = [h["speedup_med"][c] for h in have]
@@ -77,7 +84,8 @@ def points_of(runs: list[RunView]) -> list[Point]:
                              p_tok, n_out, run=tuple(r for r, h in zip(runs, per_run) if h in have),
                              sync_ms=med["sync_tpot_ms_med"], speedup_lo=lo, speedup_hi=hi,
                              ref_ms=None if async_kept else med["sync_tpot_ms_med"],
-                             rounds=int(sum(h["rounds"].get(c, 1) for h in have))))
+                             rounds=int(sum(h["rounds"].get(c, 1) for h in have)),
+                             left_out=left_out, valid=bool(ok)))
     return out
 
 
@@ -117,7 +125,11 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
                                    "measured points: its runs predate them"))
         spec_profiled(sec=sec, c=c)
         return sec
-    projections = project(points)
+    # a point every run marked invalid is listed but neither fitted nor projected
+    valid = [p for p in points if p.valid]
+    projections = project(valid) + [Projection(p, None, None, None, "not projected: marked "
+                                               f"invalid in every run ({len(p.run)})")
+                                    for p in points if not p.valid]
     rows, errors, inside = [], [], 0
     for pr in projections:
         p = pr.point
@@ -126,22 +138,27 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
             errors.append(abs(err))
             inside += bool(pr.in_interval)
         rows.append([p.drafter, p.k, "model" if p.alpha is None else p.alpha, p.c, p.rounds,
+                     p.left_out if p.valid else f"all ({len(p.run)})",
                      p.base_ms, p.sync_ms, p.spec_ms, p.tau, p.speedup, p.speedup_lo, p.speedup_hi,
                      pr.speedup, err, _yes_no(pr.in_interval), p.step_ms, pr.step_ms, pr.used,
                      *p.run[:1]])
     runs = unique_runs([r for p in points for r in p.run])
+    left = sum(p.left_out for p in points if p.valid)
+    dropped = len(points) - len(valid)
+    why = (f"; {left} invalid run(s) left out of their points" if left else "") + (
+        f"; {dropped} point(s) invalid in every run, not projected" if dropped else "")
     if errors:
         sec.figures.append(Figure(M.SPEC_MODEL_ERR_MAX, max(errors), runs,
                                   f"{len(errors)} of {len(points)} points projected; median "
                                   f"|error| {median(errors):.1f} %; "
                                   f"{sum(e <= 10.0 for e in errors)} within 10 %, {inside} inside "
-                                  "the measured speedup's interval"))
+                                  f"the measured speedup's interval{why}"))
     else:
         sec.figures.append(missing(M.SPEC_MODEL_ERR_MAX, "no point could be projected (too few "
                                    "points per drafter)", runs))
     sec.tables.append(Table(
         "Measured and projected speedup per point",
-        ["drafter", "k", "α", "c", "rounds", "base TPOT ms", "base sync ms", "spec TPOT ms",
+        ["drafter", "k", "α", "c", "rounds", "invalid runs left out", "base TPOT ms", "base sync ms", "spec TPOT ms",
          "tokens/step", "measured ×", "× CI lo", "× CI hi", "projected ×", "error %",
          "inside CI", "measured step ms", "projected step ms", "projection used", "run"], rows,
         "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
@@ -151,9 +168,11 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
         "what speculation adds, fitted on the drafter's other points (k25exp.report.spec_model; "
         "never the point's own speculative measurement); inside CI = the projection lies in the "
         "measured × interval (3 rounds on a loaded machine can move a speedup by more than 10 %); "
-        "base sync = the baseline with --no-async-scheduling"))
-    _gap_split(sec, points)
-    _break_even(sec, points, alphas)
+        "base sync = the baseline with --no-async-scheduling; invalid runs left out = the runs "
+        "whose point was marked invalid (a lagging client or a stalled level in any of its "
+        "servers), left out of the medians and the fit; 'all' = no valid run: listed, never fitted"))
+    _gap_split(sec, valid)
+    _break_even(sec, valid, alphas)
     spec_profiled(c, sec)
     return sec
 

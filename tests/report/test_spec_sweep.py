@@ -43,3 +43,62 @@ def test_a_job_of_several_draft_lengths_gives_each_point_its_k():
     groups = _settings(Campaign("c", "uri", [several, new, old]))
     assert sorted(sorted(r.run_id for r in g) for g in groups) == [
         [several.run_id], sorted([new.run_id, old.run_id])]
+
+
+def levels(*parts: dict) -> dict[str, dict[int, float]]:
+    """Several levels' points of one run merged into one steps dict."""
+    out: dict[str, dict[int, float]] = {}
+    for part in parts:
+        for key, by_c in part.items():
+            out.setdefault(key, {}).update(by_c)
+    return out
+
+
+def with_valid(prefix: str, c: int, ok: bool) -> dict[str, dict[int, float]]:
+    return {f"{prefix}/valid": {c: 1.0 if ok else 0.0}}
+
+
+def test_a_run_that_marked_a_point_invalid_is_left_out_of_it():
+    # three runs of one setting: the second's c = 4 lagged (spec 9 ms: its median would move);
+    # at c = 16 every run was marked invalid; c = 1 comes from a run from before `valid`
+    runs = [run(1, levels(point("a0.7", 4, 5.0, 10.0, 2.5), with_valid("a0.7", 4, True),
+                          point("a0.7", 16, 7.0, 12.0, 2.4), with_valid("a0.7", 16, False))),
+            run(2, levels(point("a0.7", 4, 9.0, 10.0, 2.5), with_valid("a0.7", 4, False),
+                          point("a0.7", 16, 8.0, 12.0, 2.4), with_valid("a0.7", 16, False))),
+            run(3, levels(point("a0.7", 4, 6.0, 10.0, 2.5), with_valid("a0.7", 4, True),
+                          point("a0.7", 16, 9.0, 12.0, 2.4), with_valid("a0.7", 16, False),
+                          point("a0.7", 1, 4.0, 6.0, 2.0)))]
+    got = {p.c: p for p in points_of(runs)}
+    c4 = got[4]
+    # by hand: the medians of runs 1 and 3 (5 and 6 ms; 10/5 = 2 and 10/6 = 1.667), their rounds
+    assert (c4.spec_ms, round(c4.speedup, 4), c4.rounds, c4.left_out, c4.valid) == (
+        5.5, 1.8333, 6, 1, True)
+    assert {r.run_id for r in c4.run} == {runs[0].run_id, runs[2].run_id}
+    c16 = got[16]   # no valid run: all kept, marked
+    assert (c16.spec_ms, c16.rounds, c16.left_out, c16.valid) == (8.0, 9, 0, False)
+    c1 = got[1]     # no `valid` logged: counts as valid
+    assert (c1.spec_ms, c1.left_out, c1.valid) == (4.0, 0, True)
+
+
+def test_the_section_never_fits_or_projects_a_point_invalid_in_every_run():
+    from k25exp.report.spec_sweep import spec_sweep
+
+    # one drafter, k = 3, α 0.5 / 0.7 / 0.9 at c = 4 and 16; the α 0.9, c = 16 point is invalid
+    # in its only run and measured absurdly (100 ms): were it fitted, the other c = 16 points'
+    # projections would move
+    steps = []
+    for a, tau in ((0.5, 1.9), (0.7, 2.5), (0.9, 3.4)):
+        steps.append(point(f"a{a}", 4, 10.0 * 1.0 / tau + 2.0, 10.0, tau))
+        bad = a == 0.9
+        steps.append(point(f"a{a}", 16, 100.0 if bad else 20.0 / tau + 4.0, 20.0, tau))
+        steps.append(with_valid(f"a{a}", 16, not bad))
+    r = run(1, levels(*steps), **{"experiment.alphas": "[0.5, 0.7, 0.9]"})
+    sec = spec_sweep(Campaign("c", "uri", [r]))
+    table = next(t for t in sec.tables if t.title == "Measured and projected speedup per point")
+    rows = {(row[2], row[3]): dict(zip(table.columns, row)) for row in table.rows}
+    bad = rows[(0.9, 16)]
+    assert bad["projected ×"] is None and bad["invalid runs left out"] == "all (1)"
+    assert bad["projection used"].startswith("not projected")
+    # the other c = 16 points were fitted on 4 valid others, not 5
+    assert "fit over 4 other points" in rows[(0.5, 16)]["projection used"]
+    assert "1 point(s) invalid in every run, not projected" in sec.figures[0].note
