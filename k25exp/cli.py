@@ -29,6 +29,11 @@ def main() -> None:
         import importlib
 
         sys.exit(importlib.import_module(SUBCOMMANDS[sys.argv[1]]).main(sys.argv[2:]))
+    if len(sys.argv) > 1 and (word := sys.argv[1]) and "=" not in word and word[0] not in "-~":
+        # Hydra reads a bare word as a broken override (and with --help, as a traceback)
+        print(f"k25exp: {word!r} is neither a subcommand ({', '.join(SUBCOMMANDS)}) nor a "
+              "key=value override (the report is experiment=report)", file=sys.stderr)
+        sys.exit(2)
     from k25exp.config.scope import missing_part_error
 
     if why := missing_part_error(sys.argv[1:]):  # server.port=1 on an experiment with no server

@@ -92,6 +92,14 @@ def test_no_experiment_is_a_clear_error(k25):
     assert "no experiment selected: add experiment=NAME" in r.stderr and "nccl_burst" in r.stderr
 
 
+def test_a_bare_word_that_is_no_subcommand_is_a_clear_error(k25):
+    # `k25exp report --help` was a Hydra traceback ("Error parsing override 'report'")
+    r = k25("report", "--help", seed=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "k25exp: 'report' is neither a subcommand (ui, sync" in r.stderr
+    assert "experiment=report" in r.stderr
+
+
 def test_a_server_setting_on_an_experiment_without_a_server_is_a_clear_error(k25):
     r = k25("experiment=nccl_burst", "server.port=1", seed=False)
     assert r.returncode == 2
