@@ -155,11 +155,11 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
                                   f"the measured speedup's interval{why}"))
     else:
         sec.figures.append(missing(M.SPEC_MODEL_ERR_MAX, "no point could be projected (too few "
-                                   "points per drafter)", runs))
+                                   f"points per drafter{why})", runs))
     sec.tables.append(Table(
         "Measured and projected speedup per point",
-        ["drafter", "k", "α", "c", "rounds", "invalid runs left out", "base TPOT ms", "base sync ms", "spec TPOT ms",
-         "tokens/step", "measured ×", "× CI lo", "× CI hi", "projected ×", "error %",
+        ["drafter", "k", "α", "c", "rounds", "invalid runs left out", "base TPOT ms",
+         "base sync ms", "spec TPOT ms", "tokens/step", "measured ×", "× CI lo", "× CI hi", "projected ×", "error %",
          "inside CI", "measured step ms", "projected step ms", "projection used", "run"], rows,
         "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
         "TPOT (bootstrap 95 % interval); tokens/step = 1 + accepted/drafts (vLLM's counters); "
