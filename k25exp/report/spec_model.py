@@ -33,7 +33,8 @@ q from one k's few acceptances projected worse on a CPU); then, should the rest 
 rank-deficient, the last first. The per-level slope against one slope b c k, leave-one-out:
 24 of 24 points within 10 % (median 2.0 %) against 14 of 24 (8.7 %) on an H100's ngram_gpu
 k = 1 / 5 over 3 rounds; 29 of 36 (4.4 %) against 30 of 36 (3.8 %) on a 2-core AVX-512 CPU's
-n-gram k = 1 / 3 / 5 (docs/guides/spec-decode.md). SmartSpec/TurboSpec (arXiv 2406.14066)
+n-gram k = 1 / 3 / 5, and 27 against 28 of 36 on a later campaign held out from the choice
+(docs/guides/spec-decode.md). SmartSpec/TurboSpec (arXiv 2406.14066)
 fit a step time from measured steps in the same spirit; a closed form that prices a
 verification step as an ordinary step of c (k + 1) requests cannot see the drafter, the
 sampler or the scheduling.
