@@ -93,7 +93,7 @@ class Point:
     rounds: int = 1
     ref_ms: Optional[float] = None   # the reference step R(c) (module docstring); None: base_ms
     left_out: int = 0        # runs whose point was marked invalid, left out (spec_sweep.points_of)
-    valid: bool = True       # False: every round was marked invalid (listed, never fitted)
+    valid: bool = True       # False: every run marked it invalid (listed, never fitted)
 
     @property
     def step_ms(self) -> float:
@@ -140,8 +140,8 @@ def _row(levels: tuple[int, ...], c: int, k: int, tau: float, prompt_tokens: int
          output_tokens: int) -> list[float]:
     dp = extra_prefill(c, k, tau, prompt_tokens, output_tokens)
     if levels:
-        return ([1.0 if c == x else 0.0 for x in levels] + [float(k) if c == x else 0.0 for x in levels]
-                + [c * tau, dp])
+        at = [1.0 if c == x else 0.0 for x in levels]   # this point's level, one-hot
+        return at + [k * x for x in at] + [c * tau, dp]
     return [1.0, c * k, c, dp]
 
 

@@ -159,8 +159,8 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
     sec.tables.append(Table(
         "Measured and projected speedup per point",
         ["drafter", "k", "α", "c", "rounds", "invalid runs left out", "base TPOT ms",
-         "base sync ms", "spec TPOT ms", "tokens/step", "measured ×", "× CI lo", "× CI hi", "projected ×", "error %",
-         "inside CI", "measured step ms", "projected step ms", "projection used", "run"], rows,
+         "base sync ms", "spec TPOT ms", "tokens/step", "measured ×", "× CI lo", "× CI hi",
+         "projected ×", "error %", "inside CI", "measured step ms", "projected step ms", "projection used", "run"], rows,
         "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
         "TPOT (bootstrap 95 % interval); tokens/step = 1 + accepted/drafts (vLLM's counters); "
         "measured step = spec TPOT × tokens/step; projected step = the reference step measured "
@@ -170,7 +170,8 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
         "measured × interval (3 rounds on a loaded machine can move a speedup by more than 10 %); "
         "base sync = the baseline with --no-async-scheduling; invalid runs left out = the runs "
         "whose point was marked invalid (a lagging client or a stalled level in any of its "
-        "servers), left out of the medians and the fit; 'all' = no valid run: listed, never fitted"))
+        "servers), left out of the medians and the fit; 'all' = no valid run: listed, never "
+        "fitted"))
     _gap_split(sec, valid)
     _break_even(sec, valid, alphas)
     spec_profiled(c, sec)
