@@ -92,8 +92,9 @@ class Point:
     speedup_hi: Optional[float] = None
     rounds: int = 1
     ref_ms: Optional[float] = None   # the reference step R(c) (module docstring); None: base_ms
-    left_out: int = 0        # runs whose point was marked invalid, left out (spec_sweep.points_of)
-    valid: bool = True       # False: every run marked it invalid (listed, never fitted)
+    left_out: int = 0        # runs whose point was invalid or shared its host, left out
+    valid: bool = True       # False: every run's point was (listed, never fitted)
+    rounds_left_out: int = 0  # rounds the kept runs left out themselves (spec_decode_results)
 
     @property
     def step_ms(self) -> float:

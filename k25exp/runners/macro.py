@@ -53,7 +53,8 @@ from k25exp.load.level_figures import describe_invalid, session_goodput
 from k25exp.load.progress import Progress
 from k25exp.load.prompts import load_tokenizer
 from k25exp.serving.registry import release
-from k25exp.load.shards import CHUNKS_PER_PROCESS
+from k25exp.telemetry import host_cpu
+from k25exp.load.shards import CHUNKS_PER_PROCESS, available_cpus
 from k25exp.load.sessions import SessionPlan, session_figures
 from k25exp.load.trace import Trace
 from k25exp.load.workload import TracePrompts, Workload
@@ -83,6 +84,9 @@ LEVEL_METRICS = {  # logged at step = concurrency
     "decode_only_tpot_ms", "prefill_shared_us_per_token", "prefill_fit_n",
     # what the ITL tail's causes can be told from without a trace (load.tail_client: tail_client.*)
     "server_preemptions", "server_itl_ms_p99_le", "server_itl_n",
+    # whether other processes shared the host's CPUs while it ran (telemetry.host_cpu)
+    "host_cpus", "host_busy_cores", "host_own_cores", "host_other_cores", "host_steal_cores",
+    "host_shared",
 }
 
 
@@ -357,6 +361,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
     if count:  # n: the level's requests (its records' indices), count × turns
         n = count * sessions.turns
     reps = []
+    host0 = host_cpu.snapshot(ph.own_roots)  # blocks ~ms, outside the timed requests
     for r in range(exp.repeats):
         if r and exp.reset_prefix_cache:
             await admin.reset_prefix_cache(http, cache)
@@ -368,6 +373,7 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
         reps.append(rep)
         if not conn.alive():
             break
+    host1 = host_cpu.snapshot(ph.own_roots)
     res = repeats.pool(reps)
     lvl = f"rate {c:g}/s" if rate else f"speedup {c:g}" if trace else f"concurrency={c}"
     if completed(res) < len(res["records"]) and conn.managed is not None:
@@ -393,6 +399,11 @@ async def _level(ph: Phases, c: float, rec: Recorder, cache: dict, measured_befo
         figs.update(session_goodput(res["records"], sessions.turns, exp.slo.bounds()))
     if len(reps) > 1:
         figs.update(repeats.spread(ph.repeat_figures(reps)))
+    limit = exp.validity.host_other_cores_max
+    figs.update(host_cpu.figures(host0, host1, available_cpus(), limit))
+    if figs.get("host_shared"):
+        log.warning(f"level {lvl}: {host_cpu.describe(figs, limit)}; its server may have run "
+                    "slower than alone (host_shared: spec_decode leaves such rounds out)")
     if not figs["valid"]:
         log.warning(describe_invalid(f"level rate {c:g}/s" if rate else f"level speedup {c:g}"
                                      if trace else f"level c={c}", figs))

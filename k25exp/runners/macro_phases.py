@@ -30,6 +30,8 @@ from k25exp.load.sessions import SessionPlan, run_session_level
 from k25exp.load.shards import ShardPool, Prompts, auto_processes
 from k25exp.load.stalls import StallRule
 from k25exp.load.tail_client import client_tail
+from k25exp.telemetry import host_cpu
+from k25exp.telemetry.procs import served_engine
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,10 @@ class Phases:
         self.killed = False  # the fault hook has fired (it fires once per job)
         self.single_tpot_s: Optional[float] = None  # the single stream's, for auto processes
         self.pool: Optional[ShardPool] = None  # client processes, started when first needed
+        # the processes whose CPU time is the measured system's (telemetry.host_cpu): this
+        # job's tree, and the engine's when the job attached to a server on this host
+        self.own_roots = host_cpu.own_roots(
+            () if conn.managed is not None else served_engine(conn.base_url)[0])
 
     def close(self) -> None:
         if self.pool is not None:

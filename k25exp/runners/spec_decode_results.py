@@ -6,7 +6,10 @@ experiment.draft_lengths, names its points k<k>/a<α>; their baseline is the rou
 round r the speedup is baseline TPOT p50 / speculative TPOT p50 at that level (the round pairs
 servers measured minutes apart; with experiment.baseline_beside the baseline is the mean of the
 two measured just before and after the speculative server: paired_base); the point's speedup is the median over rounds, with min–max and a bootstrap
-95 % interval of the median (stats.bootstrap_ci; none with one round). The step a
+95 % interval of the median (stats.bootstrap_ci; none with one round). A round whose
+servers at that level were invalid (client lag, a stall) or ran on a shared host (other
+processes used the CPUs: host_shared, k25exp.telemetry.host_cpu) is left out of the point and
+counted (rounds_left_out); a point with no usable round keeps them all, marked. The step a
 verification takes, as measured: speculative TPOT × tokens per step, where tokens per step is
 the server's mean acceptance length (1 + accepted / drafts, vLLM's counters over the level).
 """
@@ -28,7 +31,10 @@ from k25exp.tracking.recorder import Capture, Recorder
 # per level, from each measurement (the macro's names)
 LEVEL_KEYS = ("tpot_ms_p50", "tpot_ms_mean", "output_tok_s", "tokens_per_chunk",
               "mean_acceptance_length", "acceptance_rate", "acceptance_pos0", "spec_drafts",
-              "spec_draft_tokens", "valid", "prefill_tokens_per_decode_step")
+              "spec_draft_tokens", "valid", "prefill_tokens_per_decode_step", "host_shared",
+              "host_other_cores")
+# not averaged over the baselines beside a speculative server: the worst of them
+WORST = {"valid": min, "host_shared": max}
 
 
 @dataclass
@@ -47,16 +53,25 @@ class Measured:
 def paired_base(bases: list[Measured], spec: Measured, c: int, beside: bool) -> dict[str, float]:
     """The baseline figures at level c a speculative measurement is paired with: the round's
     baseline; with baseline_beside the mean of the baselines in the slots next to it (TPOT
-    and every other figure; `valid` the lowest). {} when none measured the level."""
+    and every other figure; `valid` the lowest, `host_shared` the highest). {} when none
+    measured the level."""
     near = [b for b in bases if abs(b.slot - spec.slot) == 1] if beside else bases[:1]
     figs = [f for b in near if (f := b.level(c))]
     if not figs:
         return {}
     out = {k: sum(f[k] for f in figs) / len(figs) for k in LEVEL_KEYS
-           if k != "valid" and all(k in f for f in figs)}
-    if any("valid" in f for f in figs):
-        out["valid"] = min(f.get("valid", 0.0) for f in figs)
+           if k not in WORST and all(k in f for f in figs)}
+    for k, worst in WORST.items():
+        if any(k in f for f in figs):
+            out[k] = worst(f.get(k, 0.0) for f in figs)
     return out
+
+
+def usable(figs: list[dict[str, float]]) -> bool:
+    """Whether a round's figures at a level (its speculative server's and the baselines it is
+    paired with) may enter the point: every one valid, none on a shared host (a figure
+    without `host_shared` predates it: not shared)."""
+    return all(f.get("valid", 0.0) >= 1.0 and not f.get("host_shared", 0.0) for f in figs)
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -96,9 +111,15 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
                                           exp.baseline_beside))}
             sync = {r: by[("baseline_sync", None, None, r)].level(c) for r in rounds
                     if ("baseline_sync", None, None, r) in by}
-            st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
-            if not st:
+            measured_in = [r for r in rounds if "tpot_ms_p50" in spec.get(r, {})]
+            if not measured_in:
                 continue
+            # a round invalid or on a shared host at this level is left out of the point,
+            # unless every round is (then all stay, and the point says so: valid 0 / shared 1)
+            kept = [r for r in measured_in
+                    if usable([d[r] for d in (spec, base, sync) if r in d])] or measured_in
+            spec, base, sync = ({r: d[r] for r in kept if r in d} for d in (spec, base, sync))
+            st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
             bt = [f["tpot_ms_p50"] for f in base.values() if "tpot_ms_p50" in f]
             yt = [f["tpot_ms_p50"] for f in sync.values() if "tpot_ms_p50" in f]
             ratios = [base[r]["tpot_ms_p50"] / spec[r]["tpot_ms_p50"] for r in rounds
@@ -107,7 +128,10 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             steps = [f["tpot_ms_p50"] * f["mean_acceptance_length"] for f in spec.values()
                      if "mean_acceptance_length" in f and "tpot_ms_p50" in f]
             valid = min([f.get("valid", 0.0) for d in (spec, base, sync) for f in d.values()] or [0.0])
-            m: dict[str, float] = {"rounds": float(len(st))}
+            shared = max([f.get("host_shared", 0.0) for d in (spec, base, sync) for f in d.values()])
+            m: dict[str, float] = {"rounds": float(len(st)),
+                                   "rounds_left_out": float(len(measured_in) - len(kept)),
+                                   "host_shared": shared}
             for key, xs in (("spec_tpot_ms", st), ("base_tpot_ms", bt), ("sync_tpot_ms", yt),
                             ("speedup", ratios), ("step_ms", steps), ("tokens_per_step", tau)):
                 m.update({f"{key}_{s}": v for s, v in _spread(xs).items()})
@@ -119,7 +143,8 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             rows.append([name, shown[c], len(st), m.get("base_tpot_ms_med"), m.get("sync_tpot_ms_med"),
                          m["spec_tpot_ms_med"], m["spec_tpot_ms_min"], m["spec_tpot_ms_max"],
                          m.get("speedup_med"), m.get("speedup_ci_lo"), m.get("speedup_ci_hi"),
-                         m.get("tokens_per_step_med"), m.get("step_ms_med"), valid])
+                         m.get("tokens_per_step_med"), m.get("step_ms_med"), valid,
+                         m["rounds_left_out"], shared])
     # round 1's single-stream comparison, as the phase has always logged it
     s1 = by.get(("spec", *points[0], 1)) if points else None
     b1 = next((b for b in bases.get(1, []) if s1 is None or not exp.baseline_beside
@@ -146,11 +171,14 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             tables.Column("spec_min", "{:.2f}", 9), tables.Column("spec_max", "{:.2f}", 9),
             tables.Column("speedup", f, 8), tables.Column("ci_lo", f, 7), tables.Column("ci_hi", f, 7),
             tables.Column("tok/step", "{:.2f}", 9), tables.Column("step_ms", "{:.2f}", 8),
-            tables.Column("valid", "{:.0f}", 6)]
+            tables.Column("valid", "{:.0f}", 6), tables.Column("left_out", "{:.0f}", 9),
+            tables.Column("shared", "{:.0f}", 7)]
     text = tables.write(out / "results", cols, rows,
                         f"spec_decode: {exp.method}, k = {', '.join(map(str, exp.k_values()))}, acceptance "
                         f"{exp.acceptance}; TPOT p50 ms, median over n rounds (spec min/max); "
                         "speedup = base/spec per round, median and bootstrap 95 % interval; "
-                        "tok/step = 1 + accepted/drafts (server); step_ms = spec TPOT × tok/step")
+                        "tok/step = 1 + accepted/drafts (server); step_ms = spec TPOT × tok/step; "
+                        "left_out = rounds left out of the point (invalid, or the host shared "
+                        "by other processes: host_shared); valid/shared = the kept rounds' worst")
     print(text, flush=True)
     return summary

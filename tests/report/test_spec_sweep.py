@@ -97,8 +97,29 @@ def test_the_section_never_fits_or_projects_a_point_invalid_in_every_run():
     table = next(t for t in sec.tables if t.title == "Measured and projected speedup per point")
     rows = {(row[2], row[3]): dict(zip(table.columns, row)) for row in table.rows}
     bad = rows[(0.9, 16)]
-    assert bad["projected ×"] is None and bad["invalid runs left out"] == "all (1)"
+    assert bad["projected ×"] is None and bad["runs left out"] == "all (1)"
     assert bad["projection used"].startswith("not projected")
     # the other c = 16 points were fitted on 4 valid others, not 5
     assert "fit over 4 other points" in rows[(0.5, 16)]["projection used"]
-    assert "1 point(s) invalid in every run, not projected" in sec.figures[0].note
+    assert "1 point(s) invalid or on a shared host in every run, not projected" in sec.figures[0].note
+
+
+def test_a_run_whose_point_shared_its_host_is_left_out_and_rounds_it_left_out_add_up():
+    # two runs at c = 4, both valid: the first ran every round on a shared host (host_shared
+    # 1: its medians are slowed, 8 ms), the second left one round out itself (rounds 2 of 3,
+    # rounds_left_out 1); a third run from before host_shared was logged counts as alone
+    shared = run(1, levels(point("a0.7", 4, 8.0, 10.0, 2.5), with_valid("a0.7", 4, True),
+                           {"a0.7/host_shared": {4: 1.0}, "a0.7/rounds_left_out": {4: 0.0}}))
+    clean = run(2, levels(point("a0.7", 4, 5.0, 10.0, 2.5), with_valid("a0.7", 4, True),
+                          {"a0.7/host_shared": {4: 0.0}, "a0.7/rounds_left_out": {4: 1.0},
+                           "a0.7/rounds": {4: 2.0}}))
+    old = run(3, levels(point("a0.7", 4, 4.0, 10.0, 2.5)))
+    (p,) = points_of([shared, clean, old])
+    # by hand: the medians of runs 2 and 3 (5 and 4 ms: 4.5; 10/5 = 2, 10/4 = 2.5: 2.25),
+    # rounds 2 + 3, one run left out, one round left out inside the kept runs
+    assert (p.spec_ms, p.speedup, p.rounds, p.left_out, p.rounds_left_out, p.valid) == (
+        4.5, 2.25, 5, 1, 1, True)
+    assert {r.run_id for r in p.run} == {clean.run_id, old.run_id}
+    # every run shared its host: all kept, marked, never fitted
+    (q,) = points_of([shared])
+    assert (q.spec_ms, q.left_out, q.valid) == (8.0, 0, False)

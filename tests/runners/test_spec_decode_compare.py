@@ -14,7 +14,7 @@ from k25exp.tracking.recorder import Capture
 from tests.conftest import compose_cfg
 
 
-def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None, slot=0):
+def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None, slot=0, extra=None):
     cap = Capture(rec if first else MemoryRecorder(), {"spec": "", "baseline": "baseline/",
                                                       "baseline_sync": "baseline_sync/"}[server]
                   if first else "")
@@ -23,6 +23,7 @@ def _measured(server, alpha, rnd, rec, steps, tau=None, first=False, k=None, slo
         m = {"tpot_ms_p50": tpot, "valid": 1.0}
         if tau is not None:
             m["mean_acceptance_length"] = tau
+        m.update((extra or {}).get(step, {}))
         cap.log_metrics(m, step=step)
     return Measured(server, alpha, rnd, cap, k=k, slot=slot)
 
@@ -139,3 +140,33 @@ def test_bad_draft_lengths_are_named(lengths, says):
     with pytest.raises(ConfigError, match=f"experiment.draft_lengths=.*{says}"):
         to_typed(compose_cfg("experiment=spec_decode", f"experiment.draft_lengths={lengths}"),
                  gpu_count=lambda: 0)
+
+
+def test_a_round_on_a_shared_host_or_invalid_is_left_out_of_its_point(tmp_path):
+    exp = to_typed(compose_cfg("experiment=spec_decode", "experiment.concurrency=[1,4]"),
+                   gpu_count=lambda: 0).experiment
+    rec = MemoryRecorder()
+    # three rounds, spec TPOT 5 / 9 / 4 ms at c = 1 and c = 4 (base 10 / 11 / 9). Round 2's
+    # speculative server shared its host at c = 1 (9 ms: slowed); at c = 4 its baseline was
+    # invalid. At c = 4 rounds 1 and 3 shared theirs too, so no round is usable there.
+    spec = {1: {1: 5.0, 4: 5.0}, 2: {1: 9.0, 4: 9.0}, 3: {1: 4.0, 4: 4.0}}
+    base = {r: {1: b, 4: b} for r, b in ((1, 10.0), (2, 11.0), (3, 9.0))}
+    shared = {1: {4: {"host_shared": 1.0}}, 2: {1: {"host_shared": 1.0}},
+              3: {4: {"host_shared": 1.0}}}
+    invalid = {2: {4: {"valid": 0.0}}}
+    measured = [m for r in (1, 2, 3) for m in (
+        _measured("spec", 0.7, r, rec, spec[r], tau=2.5, first=r == 1, extra=shared.get(r)),
+        _measured("baseline", None, r, rec, base[r], first=r == 1, extra=invalid.get(r)))]
+    summarise(exp, measured, tmp_path, rec)
+    # c = 1 by hand from rounds 1 and 3: spec median (5 + 4) / 2 = 4.5; speedups 10/5 = 2
+    # and 9/4 = 2.25, median 2.125; round 2 left out
+    assert rec.latest("a0.7/spec_tpot_ms_med")[1] == 4.5
+    assert rec.latest("a0.7/speedup_med")[1] == pytest.approx(2.125)
+    assert (rec.latest("a0.7/rounds")[1], rec.latest("a0.7/rounds_left_out")[1],
+            rec.latest("a0.7/host_shared")[1], rec.latest("a0.7/valid")[1]) == (2.0, 1.0, 0.0, 1.0)
+    # c = 4: no usable round, so all three stay (median 5 ms, 10/5, 11/9, 9/4 → 2.0) and the
+    # point says so: shared, and invalid (round 2's baseline)
+    assert rec.latest("a0.7/spec_tpot_ms_med")[4] == 5.0
+    assert rec.latest("a0.7/speedup_med")[4] == pytest.approx(2.0)
+    assert (rec.latest("a0.7/rounds")[4], rec.latest("a0.7/rounds_left_out")[4],
+            rec.latest("a0.7/host_shared")[4], rec.latest("a0.7/valid")[4]) == (3.0, 0.0, 1.0, 0.0)

@@ -33,6 +33,11 @@ class ValidityConfig:
     # ...and at least this many: one late wake-up is not a level's verdict (a 12-request
     # level is otherwise voided by one send; its p99 would be that send).
     min_late: int = 2
+    # A level shared its host when processes outside this job's tree and the served engine's
+    # used more than this many cores on average while it ran (k25exp.telemetry.host_cpu): a
+    # verdict of its own (host_shared), not part of `valid`; spec_decode leaves such rounds
+    # out. A quiet 2-core machine's daemons use ~0.003 cores; one busy neighbour up to 1.
+    host_other_cores_max: float = 0.25
 
     def problems(self, key: str, problems: list[str]) -> None:
         """Its values, each bad one named with its key and what was expected."""
@@ -43,5 +48,8 @@ class ValidityConfig:
                             "step > 0")
         if not 0 <= self.tail < 1:
             problems.append(f"{key}.tail={self.tail}: expected a share of the sends, 0 <= x < 1")
+        if not self.host_other_cores_max > 0:
+            problems.append(f"{key}.host_other_cores_max={self.host_other_cores_max}: expected "
+                            "cores > 0 (the other processes' mean CPU use a level tolerates)")
         if self.min_late < 1:
             problems.append(f"{key}.min_late={self.min_late}: expected >= 1 late sends")
