@@ -8,6 +8,10 @@ captured them) or else from the campaign's newest profile run at the same concur
 shape, model and TP: without --no-async-scheduling in server.extra_args for the baseline,
 with it for baseline_sync. Figures are under the profiler (its slowdown is in every cycle);
 the unprofiled TPOTs the same jobs measured on the same server starts are given beside.
+
+A run stopped before it finished (a stage's time limit while its baseline server started,
+say) keeps what it captured: the speculative server's phases stand on their own once logged,
+as a macro level does, and the runs column gives its status.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ def _baseline(c: Campaign, spec: RunView, sync: bool) -> tuple[Optional[dict[str
     return None, ""
 
 
+def _which(r: RunView) -> str:
+    """The run's short id; with its status when it did not finish (its capture did)."""
+    return r.short if r.status == "FINISHED" else f"{r.short} ({r.status}: stopped after its capture)"
+
+
 def _alpha(r: RunView) -> Optional[float]:
     if r.params.get("experiment.acceptance") != "synthetic":
         return None
@@ -58,7 +67,7 @@ def _alpha(r: RunView) -> Optional[float]:
 def spec_profiled(c: Campaign, sec: Section) -> None:
     """The two tables (module docstring) into `sec`, when the campaign has spec_profile runs."""
     rows, split_rows = [], []
-    for r in sorted(c.of("spec_profile"), key=lambda r: (
+    for r in sorted(c.of("spec_profile", status=None), key=lambda r: (
             method_label(r), r.param("experiment.num_speculative_tokens", int, 0),
             _alpha(r) or 0.0, r.param("experiment.concurrency", int, 0))):
         spec = _phases(r)
@@ -79,7 +88,7 @@ def spec_profiled(c: Campaign, sec: Section) -> None:
                      base and base["phase_cycle_ms"], sync and sync["phase_cycle_ms"],
                      base["phase_cycle_ms"] * tau / spec["phase_cycle_ms"] if base and tau else None,
                      b_tpot / s_tpot if b_tpot and s_tpot else None,
-                     " ".join(x for x in (r.short, base_from, sync_from) if x)])
+                     " ".join(x for x in (_which(r), base_from, sync_from) if x)])
         kept = schedules_as_baseline(method, r.params.get("hardware.device", ""))
         if base is not None and (kept or sync is not None):
             parts = gap_split(spec, base, sync, kept)

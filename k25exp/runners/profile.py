@@ -2,7 +2,8 @@
 
 The server must run with vLLM's --profiler-config (conf/experiment/profile.yaml sets it; the
 server manager restarts a running server only if its settings differ). Steps:
-warm-up requests (outside the window) → the level once without the profiler, sent as the
+warm-up requests (outside the window), one round of the level (level_warmup) → the level
+once without the profiler, sent as the
 macro sends a level (unprofiled_tpot_*: this server start's own speed, which the report sets
 against the macro's, and its decode-only TPOT, which gives the profiler's overhead)
 → POST /start_profile → `requests` decode requests at `concurrency` → POST /stop_profile
@@ -235,6 +236,9 @@ async def _capture(cfg: K25Config, conn: Connection, out: Path
             if exp.warmup:
                 await run_level(client, lambda i: prompt(1_000_000 + i), phase="warmup", level=0,
                                 n_requests=exp.warmup, **common)
+            if exp.level_warmup:  # the level's batch shape once, outside every figure
+                await run_level(client, lambda i: prompt(3_000_000 + i), phase="warmup",
+                                level=exp.concurrency, n_requests=exp.concurrency, **common)
             # the level without the profiler, sent as the macro sends one (unprofiled_tpot)
             plain = {"records": []}
             if exp.reference_rounds:

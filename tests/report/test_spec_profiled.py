@@ -22,8 +22,9 @@ def phases(prefix="", cycle=10.0, verify=8.0, sample=0.5, draft=0.0, gap=1.5, tp
     return m
 
 
-def run(i, phase, c, metrics, extra_args="['--disable-uvicorn-access-log']", **params):
-    return RunView(f"run{i:06d}", "0", phase, "FINISHED", start_time=i, metrics=metrics,
+def run(i, phase, c, metrics, extra_args="['--disable-uvicorn-access-log']", status="FINISHED",
+        **params):
+    return RunView(f"run{i:06d}", "0", phase, status, start_time=i, metrics=metrics,
                    params={**SHAPE, "experiment.concurrency": str(c), "server.extra_args": extra_args,
                            **params})
 
@@ -96,3 +97,23 @@ def test_on_the_cpu_build_the_baseline_is_the_reference_for_any_drafter():
     # 0.2 + host 0.6
     assert parts[4:] == [pytest.approx(19.0), 0.0, pytest.approx(17.9), pytest.approx(0.3),
                          pytest.approx(0.2), pytest.approx(0.6), "baseline"]
+
+
+def test_a_run_stopped_after_its_spec_capture_keeps_it_and_says_so():
+    # a stage's time limit stopped the job while its baseline server started: the speculative
+    # capture was logged, the baseline comes from the campaign's profile at the same level
+    spec = run(5, "spec_profile", 4, {**phases(cycle=16.3, verify=9.3, sample=0.1, draft=1.3, gap=5.6),
+                                       "spec_expected_tokens_per_step": 2.533},
+               status="KILLED", **{**SPEC, "experiment.method": "eagle3"})
+    half = run(6, "spec_profile", 4, {"spec_expected_tokens_per_step": 2.533}, status="KILLED",
+               **SPEC)  # stopped before any capture: nothing to show
+    base = run(1, "profile", 4, phases(cycle=5.0, verify=4.0, sample=0.1, gap=0.9))
+    sec = Section("s")
+    spec_profiled(Campaign("c", "uri", [spec, half, base]), sec)
+    table, split = sec.tables
+    (row,) = table.rows
+    assert row[15] == f"{spec.short} (KILLED: stopped after its capture) {base.short}"
+    # by hand, eagle3 keeps async scheduling: 16.3 − 5.0 = 11.3 = scheduling 0 + verification
+    # 9.3 − 4.0 + sampler 0.1 − 0.1 + drafter 1.3 + host 5.6 − 0.9
+    assert split.rows[0][4:] == [pytest.approx(11.3), 0.0, pytest.approx(5.3), pytest.approx(0.0),
+                                 pytest.approx(1.3), pytest.approx(4.7), "baseline"]

@@ -72,8 +72,10 @@ def test_decode_steps_found_on_both_ranks_and_shares_add_up(profiled):
     assert "stop_profile_s" in rec.keys
     assert not rec.keys & {"tpot_ms_p50", "output_tok_s"}  # never reported
     # the level once more without the profiler: its requests' mean TPOT, by hand from the JSONL
-    plain = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    plain = [r for r in plain if r["phase"] == "unprofiled"]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    plain = [r for r in rows if r["phase"] == "unprofiled"]
+    # before it, one round of the level (concurrency 1: one request), outside every figure
+    assert len([r for r in rows if r["phase"] == "warmup" and r["level"] == 1]) == 1
     # sent as the macro sends a level: max(8, reference_rounds × concurrency 1) requests
     rounds = yaml.safe_load((out / "config.resolved.yaml").read_text())["experiment"]["reference_rounds"]
     assert len(plain) == max(8, rounds * 1) and all(r["ok"] for r in plain)

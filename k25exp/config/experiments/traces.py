@@ -49,6 +49,11 @@ class ProfileConfig(ExperimentBase):
     # a closed loop of max(8, reference_rounds × concurrency) requests, as the macro sends a
     # level by default, so its TPOT holds the same refill prefills as the macro's; 0 = off.
     reference_rounds: int = ROUNDS
+    # One round of the level (concurrency requests, all in flight) before that reference, as
+    # the macro's level_warmup: a server's first batch of a shape does one-time work. On an
+    # H100 (the Kimi rank, EAGLE-3 k = 3, α 0.7, c = 4) the reference of a fresh start read a
+    # TPOT of 7.18 ms against 3.45-3.77 ms in spec_decode's warmed levels.
+    level_warmup: bool = True
     seed: int = MISSING  # conf/experiment_base/serving.yaml: the root's
     # /stop_profile blocks while every rank flushes its trace (minutes with stack capture).
     stop_timeout_s: float = 900.0
