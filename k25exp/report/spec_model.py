@@ -95,6 +95,7 @@ class Point:
     left_out: int = 0        # runs whose point was invalid or shared its host, left out
     valid: bool = True       # False: every run's point was (listed, never fitted)
     rounds_left_out: int = 0  # rounds the kept runs left out themselves (spec_decode_results)
+    shared: bool = False     # True: no run had its host alone at this point (kept, marked)
 
     @property
     def step_ms(self) -> float:

@@ -49,9 +49,10 @@ def points_of(runs: list[RunView]) -> list[Point]:
     stalled, in any of its servers) or shared its host in every round (`<point>/host_shared`
     1: other processes used the CPUs, telemetry.host_cpu; a run leaves such rounds out
     itself while it has others, counted in `rounds_left_out`) is left out of that point and
-    counted in `left_out`; a point no run measured usably keeps them all and is marked
-    `valid=False` (listed, never fitted or projected). Runs from before `valid` or
-    `host_shared` were logged count as valid and alone on their host."""
+    counted in `left_out`. With no run alone on its host, the valid ones stay, the point
+    marked `shared` (fitted and projected, and the table says so); with no valid run, all
+    stay and the point is marked `valid=False` (listed, never fitted or projected). Runs from
+    before `valid` or `host_shared` were logged count as valid and alone on their host."""
     from k25exp.stats import bootstrap_ci
 
     r0 = runs[0]
@@ -73,8 +74,11 @@ def points_of(runs: list[RunView]) -> list[Point]:
                 "spec_tpot_ms_med", "base_tpot_ms_med", "tokens_per_step_med", "speedup_med"))]
             if not have:
                 continue
-            ok = [h for h in have if h["valid"].get(c, 1.0) >= 1.0
-                  and not h["host_shared"].get(c, 0.0)]
+            valid = [h for h in have if h["valid"].get(c, 1.0) >= 1.0]
+            alone = [h for h in valid if not h["host_shared"].get(c, 0.0)]
+            # runs alone on their host first; else the valid ones on a shared host (marked
+            # shared: a loaded machine still gets its points); else all (marked invalid)
+            ok = alone or valid
             left_out = len(have) - len(ok) if ok else 0
             have = ok or have
             med = {f: median(vals) if (vals := [h[f][c] for h in have if c in h[f]]) else None
@@ -90,7 +94,7 @@ def points_of(runs: list[RunView]) -> list[Point]:
                              sync_ms=med["sync_tpot_ms_med"], speedup_lo=lo, speedup_hi=hi,
                              ref_ms=None if async_kept else med["sync_tpot_ms_med"],
                              rounds=int(sum(h["rounds"].get(c, 1) for h in have)),
-                             left_out=left_out, valid=bool(ok),
+                             left_out=left_out, valid=bool(ok), shared=bool(ok) and not alone,
                              rounds_left_out=int(sum(h["rounds_left_out"].get(c, 0) for h in have))))
     return out
 
@@ -133,8 +137,8 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
         return sec
     # a point every run marked invalid is listed but neither fitted nor projected
     valid = [p for p in points if p.valid]
-    projections = project(valid) + [Projection(p, None, None, None, "not projected: invalid "
-                                               f"or on a shared host in every run ({len(p.run)})")
+    projections = project(valid) + [Projection(p, None, None, None, "not projected: marked "
+                                               f"invalid in every run ({len(p.run)})")
                                     for p in points if not p.valid]
     rows, errors, inside = [], [], 0
     for pr in projections:
@@ -145,6 +149,7 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
             inside += bool(pr.in_interval)
         rows.append([p.drafter, p.k, "model" if p.alpha is None else p.alpha, p.c, p.rounds,
                      p.rounds_left_out, p.left_out if p.valid else f"all ({len(p.run)})",
+                     _yes_no(p.shared),
                      p.base_ms, p.sync_ms, p.spec_ms, p.tau, p.speedup, p.speedup_lo, p.speedup_hi,
                      pr.speedup, err, _yes_no(pr.in_interval), p.step_ms, pr.step_ms, pr.used,
                      *p.run[:1]])
@@ -152,12 +157,13 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
     left = sum(p.left_out for p in points if p.valid)
     dropped = len(points) - len(valid)
     rounds_out = sum(p.rounds_left_out for p in points if p.valid)
+    shared = sum(p.shared for p in points)
     why = (f"; {rounds_out} round(s) left out by their runs (invalid or on a shared host)"
            if rounds_out else "") + (
         f"; {left} run(s) left out of their points (invalid or on a shared host)" if left
         else "") + (
-        f"; {dropped} point(s) invalid or on a shared host in every run, not projected"
-        if dropped else "")
+        f"; {dropped} point(s) invalid in every run, not projected" if dropped else "") + (
+        f"; {shared} point(s) measured only on a shared host (kept, marked)" if shared else "")
     if errors:
         sec.figures.append(Figure(M.SPEC_MODEL_ERR_MAX, max(errors), runs,
                                   f"{len(errors)} of {len(points)} points projected; median "
@@ -169,7 +175,8 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
                                    f"points per drafter{why})", runs))
     sec.tables.append(Table(
         "Measured and projected speedup per point",
-        ["drafter", "k", "α", "c", "rounds", "rounds left out", "runs left out", "base TPOT ms",
+        ["drafter", "k", "α", "c", "rounds", "rounds left out", "runs left out", "shared host",
+         "base TPOT ms",
          "base sync ms", "spec TPOT ms", "tokens/step", "measured ×", "× CI lo", "× CI hi",
          "projected ×", "error %", "inside CI", "measured step ms", "projected step ms", "projection used", "run"], rows,
         "TPOT p50 medians over the rounds; measured × = median over rounds of baseline / spec "
@@ -183,7 +190,8 @@ def spec_sweep(c: Campaign, alphas: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 
         "left out of its own medians, runs left out = runs whose point was, both because a "
         "server of theirs was invalid there (a lagging client, a stalled level) or its host "
         "was shared (other processes used more than validity.host_other_cores_max cores: "
-        "host_shared); 'all' = no usable run: listed, never fitted"))
+        "host_shared); shared host = no run of the point had its host alone (kept, fitted, to be "
+        "read with that in mind); 'all' = no valid run: listed, never fitted"))
     _gap_split(sec, valid)
     _break_even(sec, valid, alphas)
     spec_profiled(c, sec)

@@ -58,7 +58,7 @@ class Phases:
         # the processes whose CPU time is the measured system's (telemetry.host_cpu): this
         # job's tree, and the engine's when the job attached to a server on this host
         self.own_roots = host_cpu.own_roots(
-            () if conn.managed is not None else served_engine(conn.base_url)[0])
+            served_engine(conn.base_url)[0] if conn is not None and conn.managed is None else ())
 
     def close(self) -> None:
         if self.pool is not None:

@@ -9,7 +9,8 @@ two measured just before and after the speculative server: paired_base); the poi
 95 % interval of the median (stats.bootstrap_ci; none with one round). A round whose
 servers at that level were invalid (client lag, a stall) or ran on a shared host (other
 processes used the CPUs: host_shared, k25exp.telemetry.host_cpu) is left out of the point and
-counted (rounds_left_out); a point with no usable round keeps them all, marked. The step a
+counted (rounds_left_out); a point with no usable round keeps its valid rounds on a shared
+host (marked host_shared), or with none valid all of them (marked invalid). The step a
 verification takes, as measured: speculative TPOT × tokens per step, where tokens per step is
 the server's mean acceptance length (1 + accepted / drafts, vLLM's counters over the level).
 """
@@ -67,11 +68,12 @@ def paired_base(bases: list[Measured], spec: Measured, c: int, beside: bool) -> 
     return out
 
 
-def usable(figs: list[dict[str, float]]) -> bool:
+def usable(figs: list[dict[str, float]], shared_ok: bool = False) -> bool:
     """Whether a round's figures at a level (its speculative server's and the baselines it is
-    paired with) may enter the point: every one valid, none on a shared host (a figure
-    without `host_shared` predates it: not shared)."""
-    return all(f.get("valid", 0.0) >= 1.0 and not f.get("host_shared", 0.0) for f in figs)
+    paired with) may enter the point: every one valid, none on a shared host unless
+    `shared_ok` (a figure without `host_shared` predates it: not shared)."""
+    return all(f.get("valid", 0.0) >= 1.0 and (shared_ok or not f.get("host_shared", 0.0))
+               for f in figs)
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -114,10 +116,13 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             measured_in = [r for r in rounds if "tpot_ms_p50" in spec.get(r, {})]
             if not measured_in:
                 continue
-            # a round invalid or on a shared host at this level is left out of the point,
-            # unless every round is (then all stay, and the point says so: valid 0 / shared 1)
-            kept = [r for r in measured_in
-                    if usable([d[r] for d in (spec, base, sync) if r in d])] or measured_in
+            # a round invalid or on a shared host at this level is left out of the point; with
+            # no round usable, the valid ones on a shared host stay (marked shared: a loaded
+            # machine still gets figures), and with none valid all stay (marked invalid)
+            figs_of = {r: [d[r] for d in (spec, base, sync) if r in d] for r in measured_in}
+            kept = ([r for r in measured_in if usable(figs_of[r])]
+                    or [r for r in measured_in if usable(figs_of[r], shared_ok=True)]
+                    or measured_in)
             spec, base, sync = ({r: d[r] for r in kept if r in d} for d in (spec, base, sync))
             st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
             bt = [f["tpot_ms_p50"] for f in base.values() if "tpot_ms_p50" in f]

@@ -23,12 +23,13 @@ part of `valid`: the client's figures stand, the server's speed is what is in do
 spec_decode leaves such rounds out of its medians (runners.spec_decode_results) and the
 report such runs out of its points (report.spec_sweep).
 
-What it cannot see: a neighbour in another container whose CPU time /proc/stat does not count
-(cgroup-limited CPUs are still counted by the host's /proc/stat on most runtimes), and a
-process of the own trees that ended unreaped by them (counted as another's: errs toward
-"shared"). GPU servers: their host CPU matters too (the scheduler, the sampler, async
-output), so the figures are taken there as well; their verdict is not used to leave rounds
-out unless the user wants (the limit is a key).
+What it cannot see: a neighbour the server starves. On a 2-core CPU, vLLM's CPU workers left
+a spinning Python process, two of them, or a two-thread torch loop 0.00-0.12 cores while the
+levels ran (their own /proc stat, read every second), so the levels read 0.003-0.06 cores of
+others: whether such a neighbour slows the server is for repeats to tell, not this figure.
+Nor a neighbour in another VM: that is steal (host_steal_cores, 0.19-0.58 cores on an H100
+VM whose server starts took twice as long), reported, not judged. A process of the own trees
+that ended unreaped by them counts as another's (errs toward "shared").
 """
 
 from __future__ import annotations

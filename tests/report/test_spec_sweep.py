@@ -101,7 +101,7 @@ def test_the_section_never_fits_or_projects_a_point_invalid_in_every_run():
     assert bad["projection used"].startswith("not projected")
     # the other c = 16 points were fitted on 4 valid others, not 5
     assert "fit over 4 other points" in rows[(0.5, 16)]["projection used"]
-    assert "1 point(s) invalid or on a shared host in every run, not projected" in sec.figures[0].note
+    assert "1 point(s) invalid in every run, not projected" in sec.figures[0].note
 
 
 def test_a_run_whose_point_shared_its_host_is_left_out_and_rounds_it_left_out_add_up():
@@ -120,6 +120,7 @@ def test_a_run_whose_point_shared_its_host_is_left_out_and_rounds_it_left_out_ad
     assert (p.spec_ms, p.speedup, p.rounds, p.left_out, p.rounds_left_out, p.valid) == (
         4.5, 2.25, 5, 1, 1, True)
     assert {r.run_id for r in p.run} == {clean.run_id, old.run_id}
-    # every run shared its host: all kept, marked, never fitted
+    assert not p.shared
+    # no run alone on its host: the valid shared one stays, marked shared (fitted all the same)
     (q,) = points_of([shared])
-    assert (q.spec_ms, q.left_out, q.valid) == (8.0, 0, False)
+    assert (q.spec_ms, q.left_out, q.valid, q.shared) == (8.0, 0, True, True)

@@ -164,9 +164,24 @@ def test_a_round_on_a_shared_host_or_invalid_is_left_out_of_its_point(tmp_path):
     assert rec.latest("a0.7/speedup_med")[1] == pytest.approx(2.125)
     assert (rec.latest("a0.7/rounds")[1], rec.latest("a0.7/rounds_left_out")[1],
             rec.latest("a0.7/host_shared")[1], rec.latest("a0.7/valid")[1]) == (2.0, 1.0, 0.0, 1.0)
-    # c = 4: no usable round, so all three stay (median 5 ms, 10/5, 11/9, 9/4 → 2.0) and the
-    # point says so: shared, and invalid (round 2's baseline)
-    assert rec.latest("a0.7/spec_tpot_ms_med")[4] == 5.0
-    assert rec.latest("a0.7/speedup_med")[4] == pytest.approx(2.0)
+    # c = 4: no round alone on its host, so the valid ones stay, on a shared host (rounds 1 and
+    # 3: median (5 + 4) / 2 = 4.5 ms, speedups 2 and 2.25 → 2.125), round 2 (invalid) left
+    # out, and the point says it was shared
+    assert rec.latest("a0.7/spec_tpot_ms_med")[4] == 4.5
+    assert rec.latest("a0.7/speedup_med")[4] == pytest.approx(2.125)
     assert (rec.latest("a0.7/rounds")[4], rec.latest("a0.7/rounds_left_out")[4],
-            rec.latest("a0.7/host_shared")[4], rec.latest("a0.7/valid")[4]) == (3.0, 0.0, 1.0, 0.0)
+            rec.latest("a0.7/host_shared")[4], rec.latest("a0.7/valid")[4]) == (2.0, 1.0, 1.0, 1.0)
+
+
+def test_with_no_valid_round_every_round_stays_marked_invalid(tmp_path):
+    exp = to_typed(compose_cfg("experiment=spec_decode", "experiment.concurrency=[1]"),
+                   gpu_count=lambda: 0).experiment
+    rec = MemoryRecorder()
+    # both rounds' baselines invalid at c = 1: both stay (spec 5 and 4 ms → 4.5; 10/5 and 9/4)
+    measured = [m for r, sp, b in ((1, 5.0, 10.0), (2, 4.0, 9.0)) for m in (
+        _measured("spec", 0.7, r, rec, {1: sp}, tau=2.5, first=r == 1),
+        _measured("baseline", None, r, rec, {1: b}, first=r == 1, extra={1: {"valid": 0.0}}))]
+    summarise(exp, measured, tmp_path, rec)
+    assert rec.latest("a0.7/spec_tpot_ms_med")[1] == 4.5
+    assert (rec.latest("a0.7/rounds")[1], rec.latest("a0.7/rounds_left_out")[1],
+            rec.latest("a0.7/valid")[1]) == (2.0, 0.0, 0.0)
