@@ -23,6 +23,7 @@ from k25exp.report.spec_profiled import spec_profiled
 from k25exp.report.spec_model import (Point, Projection, break_even, fit_step, project,
                                       reaches, speedup_at)
 from k25exp.report.speculative import method_label
+from k25exp.telemetry.host_cpu import prefer_alone
 from k25exp.traces.step_phases import ASYNC_KEPT
 from k25exp.tracking.read import RunView
 
@@ -74,13 +75,10 @@ def points_of(runs: list[RunView]) -> list[Point]:
                 "spec_tpot_ms_med", "base_tpot_ms_med", "tokens_per_step_med", "speedup_med"))]
             if not have:
                 continue
-            valid = [h for h in have if h["valid"].get(c, 1.0) >= 1.0]
-            alone = [h for h in valid if not h["host_shared"].get(c, 0.0)]
-            # runs alone on their host first; else the valid ones on a shared host (marked
-            # shared: a loaded machine still gets its points); else all (marked invalid)
-            ok = alone or valid
-            left_out = len(have) - len(ok) if ok else 0
-            have = ok or have
+            kept, how = prefer_alone(have, lambda h: h["valid"].get(c, 1.0) >= 1.0,
+                                     lambda h: bool(h["host_shared"].get(c, 0.0)))
+            left_out = len(have) - len(kept) if how != "invalid" else 0
+            have = kept
             med = {f: median(vals) if (vals := [h[f][c] for h in have if c in h[f]]) else None
                    for f in FIELDS}
             speedups = [h["speedup_med"][c] for h in have]
@@ -94,7 +92,7 @@ def points_of(runs: list[RunView]) -> list[Point]:
                              sync_ms=med["sync_tpot_ms_med"], speedup_lo=lo, speedup_hi=hi,
                              ref_ms=None if async_kept else med["sync_tpot_ms_med"],
                              rounds=int(sum(h["rounds"].get(c, 1) for h in have)),
-                             left_out=left_out, valid=bool(ok), shared=bool(ok) and not alone,
+                             left_out=left_out, valid=how != "invalid", shared=how == "shared",
                              rounds_left_out=int(sum(h["rounds_left_out"].get(c, 0) for h in have))))
     return out
 

@@ -27,6 +27,7 @@ from k25exp import tables
 from k25exp.config.experiments import SpecDecodeConfig
 from k25exp.config.experiments.serving import spec_point_name
 from k25exp.stats import bootstrap_ci
+from k25exp.telemetry.host_cpu import prefer_alone
 from k25exp.tracking.recorder import Capture, Recorder
 
 # per level, from each measurement (the macro's names)
@@ -66,14 +67,6 @@ def paired_base(bases: list[Measured], spec: Measured, c: int, beside: bool) -> 
         if any(k in f for f in figs):
             out[k] = worst(f.get(k, 0.0) for f in figs)
     return out
-
-
-def usable(figs: list[dict[str, float]], shared_ok: bool = False) -> bool:
-    """Whether a round's figures at a level (its speculative server's and the baselines it is
-    paired with) may enter the point: every one valid, none on a shared host unless
-    `shared_ok` (a figure without `host_shared` predates it: not shared)."""
-    return all(f.get("valid", 0.0) >= 1.0 and (shared_ok or not f.get("host_shared", 0.0))
-               for f in figs)
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
@@ -116,13 +109,13 @@ def summarise(exp: SpecDecodeConfig, measured: list[Measured], out: Path,
             measured_in = [r for r in rounds if "tpot_ms_p50" in spec.get(r, {})]
             if not measured_in:
                 continue
-            # a round invalid or on a shared host at this level is left out of the point; with
-            # no round usable, the valid ones on a shared host stay (marked shared: a loaded
-            # machine still gets figures), and with none valid all stay (marked invalid)
+            # a round invalid or on a shared host at this level (its speculative server's or
+            # the baselines' figures; one without host_shared predates it) is left out of the
+            # point, as host_cpu.prefer_alone says
             figs_of = {r: [d[r] for d in (spec, base, sync) if r in d] for r in measured_in}
-            kept = ([r for r in measured_in if usable(figs_of[r])]
-                    or [r for r in measured_in if usable(figs_of[r], shared_ok=True)]
-                    or measured_in)
+            kept, _ = prefer_alone(
+                measured_in, lambda r: all(f.get("valid", 0.0) >= 1.0 for f in figs_of[r]),
+                lambda r: any(f.get("host_shared", 0.0) for f in figs_of[r]))
             spec, base, sync = ({r: d[r] for r in kept if r in d} for d in (spec, base, sync))
             st = [f["tpot_ms_p50"] for f in spec.values() if "tpot_ms_p50" in f]
             bt = [f["tpot_ms_p50"] for f in base.values() if "tpot_ms_p50" in f]

@@ -37,9 +37,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 import psutil
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,18 @@ def figures(before: Snapshot, after: Snapshot, cpus: int, max_other_cores: float
             "host_other_cores": other,
             "host_steal_cores": max(0.0, (after.steal_s - before.steal_s) / wall),
             "host_shared": float(other > max_other_cores)}
+
+
+def prefer_alone(items: list[T], valid: Callable[[T], bool], shared: Callable[[T], bool]
+                 ) -> tuple[list[T], str]:
+    """What a point keeps of its measurements (a run's rounds, a campaign's runs): those valid
+    and alone on their host; with none, the valid ones on a shared host (a loaded machine
+    still gets its figures, marked); with none valid, all (marked invalid). The second value
+    says which: "alone", "shared" or "invalid"."""
+    ok = [x for x in items if valid(x)]
+    if alone := [x for x in ok if not shared(x)]:
+        return alone, "alone"
+    return (ok, "shared") if ok else (list(items), "invalid")
 
 
 def own_roots(engine: Iterable[int] = ()) -> list[int]:

@@ -105,3 +105,12 @@ def test_figures_and_verdict_by_hand():
     assert host_cpu.figures(a, c, cpus=2, max_other_cores=0.25)["host_other_cores"] == 0.0
     assert "0.30 cores on average (limit 0.25; 2 CPUs, 1.80 busy, 1.50 of them this job's)" in (
         host_cpu.describe(figs, 0.25))
+
+
+def test_prefer_alone_keeps_the_clean_then_the_valid_then_all():
+    # (name, valid, shared)
+    a, b, c = ("a", True, False), ("b", True, True), ("c", False, False)
+    pick = lambda xs: host_cpu.prefer_alone(xs, lambda x: x[1], lambda x: x[2])  # noqa: E731
+    assert pick([a, b, c]) == ([a], "alone")
+    assert pick([b, c]) == ([b], "shared")
+    assert pick([c]) == ([c], "invalid")
