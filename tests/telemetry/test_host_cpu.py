@@ -15,12 +15,13 @@ import pytest
 
 from k25exp.telemetry import host_cpu
 
-# spins until it has used `cpu` CPU seconds (or 20 s of wall time pass), then prints them
-BURN = ("import time,sys\ncpu=float(sys.argv[1]);t=time.monotonic()\n"
-        "while time.process_time()<cpu and time.monotonic()-t<20: pass\n"
+# spins until it has used `cpu` CPU seconds, then prints them (no wall-clock bound: a loaded
+# machine only makes it take longer)
+BURN = ("import time,sys\ncpu=float(sys.argv[1])\n"
+        "while time.process_time()<cpu: pass\n"
         "print(time.process_time(), flush=True)\n")
 # a child that runs the burner as its own child (a grandchild of the test), reaps it and
-# reports what it used; with `detach` it exits at once instead, leaving it to init
+# reports what it used
 PARENT = ("import subprocess,sys\np=subprocess.Popen([sys.executable,'-c',sys.argv[1],sys.argv[2]],"
           "stdout=subprocess.PIPE,text=True)\nprint(p.communicate()[0].strip(), flush=True)\n")
 TICK = 0.02  # /proc's clock ticks (10 ms) read twice
@@ -36,9 +37,9 @@ def burn_in_tree(cpu: float) -> float:
 
 def test_a_grandchild_reaped_inside_the_window_counts_as_the_trees_own():
     before = host_cpu.snapshot([os.getpid()])
-    used = burn_in_tree(0.6)
+    used = burn_in_tree(0.3)
     after = host_cpu.snapshot([os.getpid()])
-    assert used >= 0.55
+    assert used >= 0.3
     # the burner ended and was reaped twice: its time reaches us as children's time
     assert after.own_s - before.own_s >= used - TICK
     # the host's busy time holds it as well
@@ -57,18 +58,16 @@ def test_a_live_descendant_counts_while_it_runs():
                          text=True)
     burner = None
     try:
-        for _ in range(200):  # the grandchild, as the kernel lists the child's children
-            kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
-            if kids:
-                burner = int(kids[0])
-                break
+        while burner is None and p.poll() is None:  # the grandchild, as the kernel lists
+            kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()  # its parent's
+            burner = int(kids[0]) if kids else None
             time.sleep(0.05)
         assert burner is not None
         before, b0 = host_cpu.snapshot([os.getpid()]), cpu_by_hand(burner)
         assert before.processes >= 3  # this process, the child, the burner
-        time.sleep(1.0)
+        while cpu_by_hand(burner) - b0 < 0.1:  # however long a loaded machine takes
+            time.sleep(0.1)
         after, b1 = host_cpu.snapshot([os.getpid()]), cpu_by_hand(burner)
-        assert b1 - b0 > 0.0
         # the own tree's CPU over the window holds the burner's (read apart by a tick or two)
         assert after.own_s - before.own_s >= (b1 - b0) - TICK
     finally:
@@ -83,7 +82,7 @@ def test_a_live_descendant_counts_while_it_runs():
 
 def test_cpu_outside_every_own_tree_is_the_others():
     before = host_cpu.snapshot([])  # no own tree: everything the host did is another's
-    used = burn_in_tree(0.6)
+    used = burn_in_tree(0.3)
     after = host_cpu.snapshot([])
     figs = host_cpu.figures(before, after, cpus=2, max_other_cores=0.25)
     wall = after.at_s - before.at_s
