@@ -97,3 +97,34 @@ def test_runs_of_two_commits_that_differ_outside_the_measuring_code_meet(repo, m
     assert f"code_sha256 {code_hash.commit_hash(repo, first)[:12]}" in line
     assert "(runs' code by: commit's tree 2, code_sha256 tag 1)" in line
     provenance._commit_code.cache_clear()
+
+
+def test_code_declared_the_same_is_kept_and_named_others_still_refused():
+    a, b, other = "a" * 64, "b1" * 32, "c" * 64
+    runs = [view(1, {"code_sha256": a}), view(2, {"code_sha256": a}),
+            view(3, {"code_sha256": b}), view(4, {"code_sha256": other})]
+    c = Campaign("c", "uri", runs)
+    kept, refused = provenance.check(c)
+    assert [r.run_id[:4] for r in kept.runs] == ["run1", "run2"]
+    assert [x.run.run_id[:4] for x in refused] == ["run3", "run4"]
+    assert "pooled" not in provenance.ran_with(kept)
+    # b's first 8 characters declare it the same as the campaign's code; c stays refused
+    kept, refused = provenance.check(c, ["b1b1b1b1"])
+    assert [r.run_id[:4] for r in kept.runs] == ["run1", "run2", "run3"]
+    assert [(x.run.run_id[:4], x.field, x.value) for x in refused] == [("run4", "code_sha256", other)]
+    line = provenance.ran_with(kept, ["b1b1b1b1"])
+    assert f"code_sha256 {a[:12]} " in line   # the campaign's own code is still the majority's
+    assert line.endswith(f"pooled with it by experiment.same_code {b[:12]} (runs {runs[2].short})")
+    # a prefix of another field's value does not reach past the code check
+    assert provenance.declared_same("ccc", ["b1b1b1b1"]) is None
+
+
+@pytest.mark.parametrize("bad", ["b1b1", "B1B1B1B1", "not-hex-at-all"])
+def test_same_code_entries_must_be_hash_prefixes(bad):
+    from k25exp.config.validate import ConfigError, to_typed
+    from tests.conftest import compose_cfg
+
+    with pytest.raises(ConfigError, match=r"experiment.same_code\[0\]=.*8 to 64 lowercase hex"):
+        to_typed(compose_cfg("experiment=report", "experiment.campaign=c", "tracking=none",
+                             "experiment.tracking_uri=sqlite:///unused.db",
+                             f"experiment.same_code=[{bad}]"), gpu_count=lambda: 0)

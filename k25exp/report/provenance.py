@@ -14,6 +14,12 @@ the commit is in this repository and the run's tree was clean), so two commits t
 only in the report, the docs or the tests measure the same; a run with neither is compared
 by its commit. code_source() says which each run's value came from.
 
+A change can alter the code hash without touching what a figure measured (a figure added
+beside the timed path, say). experiment.same_code names such code states by the first
+characters of their hash: runs that carry one are kept with the campaign's code, and the
+report's header names them and their runs, so pooling across them is the user's stated
+choice, never the report's guess.
+
 TP is the degree each phase ran at, not hardware.tp alone: server.tp for the served phases
 (a server may run at another TP than the hardware config's), the GEMM job's own
 experiment.tp (the shard it timed), hardware.tp for the collectives (TP = their ranks).
@@ -25,7 +31,7 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from k25exp import code_hash
 
@@ -171,14 +177,24 @@ def host_steps_on_a_device(r: RunView) -> Optional[tuple[str, str, str]]:
     return None
 
 
-def check(c: Campaign) -> tuple[Campaign, list[Refusal]]:
-    """The campaign without the runs that disagree with it, and why each was refused."""
+def declared_same(code: Optional[str], same_code: Sequence[str]) -> Optional[str]:
+    """The experiment.same_code entry (a hash prefix) that `code` starts with, if any."""
+    return next((p for p in same_code if code and code.startswith(p)), None)
+
+
+def check(c: Campaign, same_code: Sequence[str] = ()) -> tuple[Campaign, list[Refusal]]:
+    """The campaign without the runs that disagree with it, and why each was refused; a run
+    whose code is one that `same_code` declares is kept (module docstring)."""
     expected = campaign_values(c)
     refused: list[Refusal] = []
     kept = []
+
+    def differs(f: Field, v: str) -> bool:
+        return v != expected[f.name] and not (f.name == "code_sha256" and declared_same(v, same_code))
+
     for r in c.runs:
         bad = next(((f.name, v, expected[f.name]) for f in FIELDS if (not f.phases or r.phase in f.phases)
-                    and f.name in expected and (v := f.get(r)) is not None and v != expected[f.name]),
+                    and f.name in expected and (v := f.get(r)) is not None and differs(f, v)),
                    None) or host_steps_on_a_device(r)
         if bad and r.status == "FINISHED":
             refused.append(Refusal(r, *bad))
@@ -195,14 +211,23 @@ def random_weights(c: Campaign) -> bool:
                "/models/tiny_kimi-" in r.tags.get("server.model_path", "") for r in served)
 
 
-def ran_with(c: Campaign) -> str:
+def ran_with(c: Campaign, same_code: Sequence[str] = ()) -> str:
     """One line for the report's header: what the campaign's runs agree they ran (the code by
-    its hash's first 12 characters, and where the runs' hashes came from)."""
+    its hash's first 12 characters, and where the runs' hashes came from), and the runs kept
+    under another code that experiment.same_code declares the same (each hash, its runs)."""
     vals = campaign_values(c)
+    campaign_code = vals.get("code_sha256")
     if "code_sha256" in vals and not vals["code_sha256"].startswith("commit "):
         vals["code_sha256"] = vals["code_sha256"][:12]
     sources = Counter(code_source(r) for r in c.runs if r.status == "FINISHED")
     if sources:
         vals["code_sha256"] = (vals.get("code_sha256", "?") + " (runs' code by: " + ", ".join(
             f"{src} {n}" for src, n in sources.most_common()) + ")")
+    declared: dict[str, list[str]] = {}
+    for r in sorted(c.runs, key=lambda r: r.start_time):
+        if (code := code_of(r)) and code != campaign_code and declared_same(code, same_code):
+            declared.setdefault(code[:12], []).append(r.short)
+    if declared:
+        vals["pooled with it by experiment.same_code"] = ", ".join(
+            f"{code} (runs {' '.join(runs)})" for code, runs in declared.items())
     return "; ".join(f"{k} {v}" for k, v in vals.items())

@@ -52,7 +52,7 @@ def folder_name(campaign: str) -> str:
 def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
     exp: ReportConfig = cfg.experiment
     campaign = exp.campaign or latest_campaign(exp.tracking_uri)
-    c, refused = provenance.check(load_campaign(exp.tracking_uri, campaign))
+    c, refused = provenance.check(load_campaign(exp.tracking_uri, campaign), exp.same_code)
     micro, tpot = reconcile.Micro(c), reconcile.engine_tpot(c.closed_loop_macro())  # both sections' inputs
     recon, per_c = reconcile.reconcile(c, micro, tpot)
     pred, per_level = predict.predict(c, per_c, micro, tpot)
@@ -85,7 +85,7 @@ def run(cfg: K25Config, out: Path, rec: Recorder) -> dict[str, float]:
                                  "tiny model): its figures time the architecture, not a trained "
                                  "model's routing or acceptance")
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    md, page, head = render.write(out, c, sections, exp.ui_url, generated)
+    md, page, head = render.write(out, c, sections, exp.ui_url, generated, exp.same_code)
 
     figs = [f for s in sections for f in s.figures]
     summary = figure_metrics(figs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional
 
@@ -80,6 +81,10 @@ class ReportConfig(ExperimentBase):
     # A campaign of one TP-N rank (model.tp_rank_of=N): TPOT at TP N predicted from it
     # (k25exp.report.scale_out).
     scale_out: ScaleOutConfig = field(default_factory=ScaleOutConfig)
+    # Code states declared to measure what the campaign's code measures (a change beside the
+    # timed path): the first 8+ hex characters of their code_sha256. Their runs are kept, not
+    # refused, and the report's header names them (k25exp.report.provenance).
+    same_code: List[str] = field(default_factory=list)
 
     def check(self, cfg: K25Config, problems: list[str]) -> None:
         """The store it reads and the speculative surface's axis."""
@@ -90,6 +95,11 @@ class ReportConfig(ExperimentBase):
                             "or http://host:5000")
         if any(not 0.0 <= a <= 1.0 for a in self.alphas):
             problems.append(f"experiment.alphas={self.alphas}: acceptance rates must lie in [0, 1]")
+        for i, h in enumerate(self.same_code):
+            if not re.fullmatch(r"[0-9a-f]{8,64}", str(h)):
+                problems.append(f"experiment.same_code[{i}]={h!r}: expected the first 8 to 64 "
+                                "lowercase hex characters of a run's code_sha256 (the report's "
+                                "'refused: code_sha256=…' line gives it)")
         box = self.scale_out.external.hardware
         if box is not None:  # β of the modelled collectives at TP N (k25exp.report.scale_out)
             key = "experiment.scale_out.external.hardware"
