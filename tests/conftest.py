@@ -120,6 +120,8 @@ def pytest_report_header(config):
         attn = vllm_cpu_attention_backend()
     except ImportError:
         attn = "no vLLM installed"
+    except NotImplementedError as e:  # vLLM's CUDA build: its CpuPlatform refuses MLA
+        attn = f"none on this vLLM build ({e})"
     return (f"vLLM CPU kernels: {vllm_cpu_level()} ({vllm_cpu_build()} build), {how}; "
             f"all-reduce on {vllm_cpu_allreduce()}; MLA attention {attn}")
 
