@@ -127,6 +127,9 @@ case $stage in
     # (K25_SPEC_BASELINES='[baseline]': the baseline captured in the same job, after the spec
     # server, for a drafter that keeps async scheduling; the default leaves them to the stages
     # above)
+    # K25_SPEC=ngram_gpu: vLLM 0.26 turns its torch.compile cache off for that drafter, so
+    # each of its starts compiles anew (the 31-layer rank's profiled start took 474.5 s on a
+    # fresh H100): give its capture a call of its own, and its baseline the next
     K25EXP_CAMPAIGN=$tag-kimi-spec "${limit[@]}" $PYTHON -m k25exp -m experiment=spec_profile "spec=${K25_SPEC:-ngram}" \
       "${common[@]}" "${kimi[@]}" server.max_num_seqs=64 \
       "experiment.baselines=${K25_SPEC_BASELINES:-[]}" \
