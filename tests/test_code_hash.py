@@ -128,3 +128,32 @@ def test_same_code_entries_must_be_hash_prefixes(bad):
         to_typed(compose_cfg("experiment=report", "experiment.campaign=c", "tracking=none",
                              "experiment.tracking_uri=sqlite:///unused.db",
                              f"experiment.same_code=[{bad}]"), gpu_count=lambda: 0)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_the_report_runner_keeps_a_declared_code_and_names_it(tmp_path, monkeypatch, declared):
+    """Through the report's runner: one profile run carries another code hash; refused (and
+    counted in runs_refused) unless experiment.same_code names it, then kept and named in
+    the header's "Ran with" line."""
+    import k25exp.runners.campaign_report as runner
+    from k25exp.config.validate import to_typed
+    from k25exp.tracking import MemoryRecorder
+    from tests.conftest import compose_cfg
+    from tests.report.test_one_rank import one_rank_campaign
+
+    c = one_rank_campaign()
+    for r in c.runs:
+        r.tags["code_sha256"] = "a" * 64
+    odd = c.runs[-1]
+    odd.tags["code_sha256"] = "5eed" * 16
+    monkeypatch.setattr(runner, "load_campaign", lambda uri, campaign_id: c)
+    over = ["experiment.same_code=[5eed5eed]"] if declared else []
+    cfg = to_typed(compose_cfg("experiment=report", "experiment.campaign=rank", "tracking=none",
+                               "experiment.tracking_uri=sqlite:///unused.db",
+                               f"paths.outputs={tmp_path}", *over), gpu_count=lambda: 0)
+    summary = runner.run(cfg, tmp_path / "job", MemoryRecorder())
+    md = (tmp_path / "job" / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("Ran with:"))
+    assert summary["runs_refused"] == (0 if declared else 1)
+    assert (f"pooled with it by experiment.same_code 5eed5eed5eed (runs {odd.short})" in header) == declared
+    assert (f"run {odd.short} (profile) refused: code_sha256={'5eed' * 16}" in md) != declared
