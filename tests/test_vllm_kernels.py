@@ -69,7 +69,6 @@ def test_each_level_hides_what_is_above_it(monkeypatch):
                             "_is_avx512_bf16_supported", "_is_amx_tile_supported"}}
 
 
-
 def test_the_suite_header_survives_a_vllm_build_without_cpu_mla(monkeypatch):
     """On a GPU box vLLM's CUDA build's CpuPlatform refuses MLA (NotImplementedError: "MLA is
     not supported on CPU."): the suite's header says so instead of stopping `pytest -m cuda`
@@ -82,6 +81,7 @@ def test_the_suite_header_survives_a_vllm_build_without_cpu_mla(monkeypatch):
     monkeypatch.setattr(suite, "vllm_cpu_attention_backend", refuses)
     assert suite.pytest_report_header(None).endswith(
         "MLA attention none on this vLLM build (MLA is not supported on CPU.)")
+
 
 @pytest.mark.vllm  # asks vLLM's own platform
 def test_vllms_attention_choice_follows_amx_as_the_cap_leaves_it(monkeypatch):

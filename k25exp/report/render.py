@@ -109,11 +109,12 @@ def _md_figure(f: Figure, ui_url: str) -> str:
 
 
 def markdown(c: Campaign, sections: Sequence[Section], plot_files: dict[str, Path],
-             ui_url: str, folder: Path, generated: str, same_code: Sequence[str] = ()) -> str:
+             ui_url: str, folder: Path, generated: str, ran: str) -> str:
+    """The report's markdown; `ran` is provenance.ran_with's line for the header."""
     lines = [f"# k25exp campaign report: {c.id}", "",
              f"Store `{c.uri}`, {len(c.runs)} phase runs; generated {generated}. "
              f"Run links open in `k25exp ui` ({ui_url}).", "",
-             f"Ran with: {_md_text(provenance.ran_with(c, same_code)) or 'nothing the runs agree on'}.",
+             f"Ran with: {_md_text(ran) or 'nothing the runs agree on'}.",
              "", "## Headline", "",
              "| figure | value | runs | note |", "|---|---|---|---|"]
     lines += [_md_figure(f, ui_url) for f in headline(sections)]
@@ -158,10 +159,11 @@ def write(folder: Path, c: Campaign, sections: Sequence[Section], ui_url: str,
     folder.mkdir(parents=True, exist_ok=True)
     plot_files = make_plots(sections, folder / "plots")
     md = folder / "report.md"
-    text = markdown(c, sections, plot_files, ui_url, folder, generated, same_code)
+    ran = provenance.ran_with(c, same_code)  # the header's line, and the job's summary's
+    text = markdown(c, sections, plot_files, ui_url, folder, generated, ran)
     md.write_text(text)
     page = folder / "report.html"
     page.write_text(html_page.render(text, f"k25exp report {c.id}", folder))
     caveats = "".join(f"\nNOTE: {n}" for n in headline_notes(sections))
-    return md, page, (f"ran with: {provenance.ran_with(c, same_code)}\n" + headline_text(headline(sections))
+    return md, page, (f"ran with: {ran}\n" + headline_text(headline(sections))
                       + caveats)
