@@ -6,7 +6,9 @@ The campaign's closed-loop macro runs and profile runs are grouped by request sh
 (experiment.input_tokens, experiment.output_tokens: a length distribution's centres); per
 shape the newest macro run and the newest profile per concurrency. At every level a macro run
 measured: the collectives, GEMMs and MoE layers from the micro-benchmarks at c, as
-k25exp.report.tpot_model adds them (they depend on c, not on the context); the uncovered parts
+k25exp.report.tpot_model adds them (they depend on c, not on the context; where the
+collectives are the burst timed in the server's workers, the median over every shape's
+profile at that c, each one server start); the uncovered parts
 from a fit over every profiled (context, c) point, the prefills shared priced from the other
 levels of the shape (k25exp.report.context_model says how, and why). The level's context is
 its requests' measured mean prompt (input_len_mean) + half their mean output; a profile's,
@@ -19,6 +21,7 @@ A campaign of one shape has no such section (None): the report is as before.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Optional
 
 from k25exp.report import context_model as CM
@@ -98,11 +101,10 @@ def context_budget(c: Campaign, micro: Micro
     profiled = {s: profiled_parts(m) for s, m in per_c.items()}
     unc = CM.Uncovered({(CM.context_of(*s), k): _less_overhead(p)
                         for s, ps in profiled.items() for k, p in ps.items()})
+    bursts = _pooled_bursts(profiled)
     points: list[Point] = []
     for s, macro in macros.items():
-        inp = inputs[s]
-        if not inp.profiles:  # the collectives' in-server burst depends on c alone
-            inp = dataclasses.replace(inp, profiles=_pooled_bursts(profiled))
+        inp = dataclasses.replace(inputs[s], profiles=_with_bursts(inputs[s].profiles, bursts))
         ctx = _level_contexts(macro, s)
         slopes = {k: (v, inp.prefill_fit[k][1]) for k, v in
                   macro.history("prefill_shared_us_per_token").items()}
@@ -150,6 +152,8 @@ def context_budget(c: Campaign, micro: Micro
     else:
         sec.figures.append(missing(M.TPOT_CTX_PARTS_WORST, "no point had a prediction and its "
                                    "decode-only TPOT (the macro run's decode_only_tpot_ms)"))
+    if bursts and any(inp.burst_is_transport for inp in inputs.values()):
+        sec.notes.append(_bursts_note(bursts))
     if len(unc.contexts) == 1:
         sec.notes.append(f"the profiles hold one context ({unc.contexts[0]:g} tokens): the "
                          "uncovered parts are interpolated in c there and held at that context "
@@ -168,15 +172,39 @@ def _less_overhead(p: Profiled) -> dict[str, Optional[float]]:
     return parts
 
 
-def _pooled_bursts(profiled: dict[Shape, dict[int, Profiled]]) -> dict[int, Profiled]:
-    """Per profiled c, the in-server burst's mean over the shapes (no parts): for a shape
-    without a profile of its own (the collectives do not depend on the context)."""
+def _pooled_bursts(profiled: dict[Shape, dict[int, Profiled]]) -> dict[int, list[float]]:
+    """Per profiled c, the in-server bursts every shape's profile timed, sorted. The burst's
+    messages depend on c alone, not on the context, so each profile's server start is one
+    more sample of the same figure: on gloo one start's burst moved 46 % from another's
+    (13.7 → 20.0 ms at c = 1, docs/report.md), and a point priced with its own start's burst
+    alone carried that whole difference."""
     by_c: dict[int, list[float]] = {}
     for ps in profiled.values():
         for k, p in ps.items():
             if p.server_burst_ms is not None:
                 by_c.setdefault(k, []).append(p.server_burst_ms)
-    return {k: Profiled({}, server_burst_ms=sum(v) / len(v)) for k, v in by_c.items()}
+    return {k: sorted(v) for k, v in by_c.items()}
+
+
+def _with_bursts(own: dict[int, Profiled], bursts: dict[int, list[float]]) -> dict[int, Profiled]:
+    """A shape's profiles with the in-server burst at each c the median of every shape's
+    (`bursts`); a c only other shapes profiled is added with the burst alone (no parts: the
+    uncovered parts are priced by the fit)."""
+    out = {k: dataclasses.replace(p, server_burst_ms=statistics.median(bursts[k]))
+           if k in bursts else p for k, p in own.items()}
+    for k, v in bursts.items():
+        out.setdefault(k, Profiled({}, server_burst_ms=statistics.median(v)))
+    return out
+
+
+def _bursts_note(bursts: dict[int, list[float]]) -> str:
+    """How the collectives were had, with the spread between server starts."""
+    each = "; ".join(f"c = {k}: {statistics.median(v):.3f} ms, n = {len(v)}"
+                     + (f" ({v[0]:.3f}–{v[-1]:.3f})" if len(v) > 1 else "")
+                     for k, v in sorted(bursts.items()))
+    return ("collectives: the in-server burst at each profiled c is the median over every "
+            "shape's profile (the messages depend on c, not on the context; each profile is "
+            f"one server start, min–max beside): {each}")
 
 
 def _level_contexts(macro: RunView, shape: Shape) -> dict[int, float]:

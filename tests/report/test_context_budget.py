@@ -185,3 +185,33 @@ def test_a_point_whose_macro_level_was_flagged_says_so():
     assert sec.figures[0].note.endswith(
         "1 flagged invalid by their macro level (the run's why column): 1536 / 64 tokens c = 8")
     assert out["ctx.tpot_pred_ms.in1536_out64"][8] == pytest.approx(6.1256)  # still predicted
+
+
+def test_the_in_server_burst_is_pooled_over_every_shapes_server_start():
+    """On a CPU communicator (the burst's transport budgeted) each profile timed the burst in
+    its own server start's workers. The messages depend on c, not on the context, so every
+    shape takes the median over all shapes' profiles at that c, not its own start's alone."""
+    c = campaign()
+    c.runs.append(profile(24, 1536, 1))  # a third start at c = 1 (the fit stays exact)
+    own = {(128, 1): 0.6, (512, 1): 1.8, (1536, 1): 0.9, (128, 8): 1.0, (512, 8): 1.4}
+    for r in c.runs:
+        if r.phase == "nccl_burst":
+            r.metrics["burst_transport_ms"] = r.metrics["burst_ms"] * 0.6
+        if r.phase == "profile":
+            r.metrics["server_burst_transport_ms"] = own[
+                (r.param("experiment.input_tokens", int), r.param("experiment.concurrency", int))]
+    sec, out = points(c)
+    # median at c = 1 of 0.6, 1.8, 0.9 = 0.9 (the mean would be 1.1); at c = 8 of 1.0, 1.4 = 1.2
+    # 512 at c = 1, its own start's burst 1.8 not used: 0.9 + GEMMs 0.21 + MoE 0.1 + attention
+    # (0.5 + 0.01 + 1e-4 × 544) + 1.5 = 3.2744
+    pred = {s: out[f"ctx.tpot_pred_ms.in{s}_out64"] for s in (128, 512, 1536)}
+    assert pred[512][1] == pytest.approx(0.9 + 0.31 + 0.5644 + 1.5)
+    assert pred[128][1] == pytest.approx(0.9 + 0.31 + 0.526 + 1.5)
+    # 1536 at c = 8: 1.2 + 0.42 + 0.2 + 3.3056 + prefills 0.2 = 5.3256
+    assert pred[1536][8] == pytest.approx(5.3256)
+    # 1536 at c = 4, between the profiled c: 0.9 + (1.2 − 0.9) × 3 / 7
+    col = sec.tables[2].columns.index("collectives")
+    row = next(r for r in sec.tables[2].rows if r[0] == "1536 / 64 tokens" and r[2] == 4)
+    assert row[col] == pytest.approx(0.9 + 0.3 * 3 / 7)
+    assert ("c = 1: 0.900 ms, n = 3 (0.600–1.800); c = 8: 1.200 ms, n = 2 (1.000–1.400)"
+            in sec.notes[0])
