@@ -21,7 +21,6 @@ A campaign of one shape has no such section (None): the report is as before.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from typing import Optional
 
 from k25exp.report import context_model as CM
@@ -31,6 +30,7 @@ from k25exp.report.predict import model_inputs, profiled as profiled_parts
 from k25exp.report.reconcile import Micro, engine_tpot, profile_metrics, shape_of
 from k25exp.report.sources import Campaign
 from k25exp.report.tpot_model import LevelPrediction, Profiled, predict_levels
+from k25exp.stats import median
 from k25exp.tracking.read import RunView
 
 Shape = tuple[int, int]
@@ -102,9 +102,10 @@ def context_budget(c: Campaign, micro: Micro
     unc = CM.Uncovered({(CM.context_of(*s), k): _less_overhead(p)
                         for s, ps in profiled.items() for k, p in ps.items()})
     bursts = _pooled_bursts(profiled)
+    burst_at = {k: median(v) for k, v in bursts.items()}
     points: list[Point] = []
     for s, macro in macros.items():
-        inp = dataclasses.replace(inputs[s], profiles=_with_bursts(inputs[s].profiles, bursts))
+        inp = dataclasses.replace(inputs[s], profiles=_with_bursts(inputs[s].profiles, burst_at))
         ctx = _level_contexts(macro, s)
         slopes = {k: (v, inp.prefill_fit[k][1]) for k, v in
                   macro.history("prefill_shared_us_per_token").items()}
@@ -153,7 +154,7 @@ def context_budget(c: Campaign, micro: Micro
         sec.figures.append(missing(M.TPOT_CTX_PARTS_WORST, "no point had a prediction and its "
                                    "decode-only TPOT (the macro run's decode_only_tpot_ms)"))
     if bursts and any(inp.burst_is_transport for inp in inputs.values()):
-        sec.notes.append(_bursts_note(bursts))
+        sec.notes.append(_bursts_note(bursts, burst_at))
     if len(unc.contexts) == 1:
         sec.notes.append(f"the profiles hold one context ({unc.contexts[0]:g} tokens): the "
                          "uncovered parts are interpolated in c there and held at that context "
@@ -186,20 +187,20 @@ def _pooled_bursts(profiled: dict[Shape, dict[int, Profiled]]) -> dict[int, list
     return {k: sorted(v) for k, v in by_c.items()}
 
 
-def _with_bursts(own: dict[int, Profiled], bursts: dict[int, list[float]]) -> dict[int, Profiled]:
+def _with_bursts(own: dict[int, Profiled], burst_at: dict[int, float]) -> dict[int, Profiled]:
     """A shape's profiles with the in-server burst at each c the median of every shape's
-    (`bursts`); a c only other shapes profiled is added with the burst alone (no parts: the
+    (`burst_at`); a c only other shapes profiled is added with the burst alone (no parts: the
     uncovered parts are priced by the fit)."""
-    out = {k: dataclasses.replace(p, server_burst_ms=statistics.median(bursts[k]))
-           if k in bursts else p for k, p in own.items()}
-    for k, v in bursts.items():
-        out.setdefault(k, Profiled({}, server_burst_ms=statistics.median(v)))
+    out = {k: dataclasses.replace(p, server_burst_ms=burst_at[k]) if k in burst_at else p
+           for k, p in own.items()}
+    for k, v in burst_at.items():
+        out.setdefault(k, Profiled({}, server_burst_ms=v))
     return out
 
 
-def _bursts_note(bursts: dict[int, list[float]]) -> str:
+def _bursts_note(bursts: dict[int, list[float]], burst_at: dict[int, float]) -> str:
     """How the collectives were had, with the spread between server starts."""
-    each = "; ".join(f"c = {k}: {statistics.median(v):.3f} ms, n = {len(v)}"
+    each = "; ".join(f"c = {k}: {burst_at[k]:.3f} ms, n = {len(v)}"
                      + (f" ({v[0]:.3f}–{v[-1]:.3f})" if len(v) > 1 else "")
                      for k, v in sorted(bursts.items()))
     return ("collectives: the in-server burst at each profiled c is the median over every "
